@@ -1,0 +1,139 @@
+#include "longhaul/base/file.h"
+
+#include <atomic>
+#include <cerrno>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+
+namespace longhaul::file {
+namespace {
+
+constexpr size_t kBufferSize = 1 << 20;
+
+std::atomic<uint64_t> temp_counter{0};
+
+void write_all(int fd, const char* p, size_t n, const std::filesystem::path& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("cannot write", path.string(), errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)) {
+  temp_path_ = path_;
+  temp_path_ += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_counter++);
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_errno("cannot create", temp_path_.string(), errno);
+  buffer_.reserve(kBufferSize);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temp_path_.c_str());
+}
+
+void AtomicFile::flush_buffer() {
+  write_all(fd_, buffer_.data(), buffer_.size(), temp_path_);
+  buffer_.clear();
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  bytes_written_ += n;
+  if (buffer_.size() + n <= kBufferSize) {
+    buffer_.append(p, n);
+    return;
+  }
+  flush_buffer();
+  if (n >= kBufferSize) {
+    write_all(fd_, p, n, temp_path_);
+  } else {
+    buffer_.append(p, n);
+  }
+}
+
+void AtomicFile::commit() {
+  if (committed_) throw Internal("AtomicFile::commit called twice for " + path_.string());
+  flush_buffer();
+  if (::fsync(fd_) != 0) throw_errno("cannot fsync", temp_path_.string(), errno);
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    throw_errno("cannot close", temp_path_.string(), errno);
+  }
+  fd_ = -1;
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    throw_errno("cannot rename " + temp_path_.string() + " to", path_.string(), errno);
+  }
+  committed_ = true;
+  fsync_directory(path_.has_parent_path() ? path_.parent_path() : std::filesystem::path("."));
+}
+
+void write_atomically(const std::filesystem::path& path, std::string_view contents) {
+  AtomicFile f(path);
+  f.write(contents);
+  f.commit();
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open", path.string(), errno);
+  std::string out;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      throw_errno("cannot read", path.string(), e);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open directory", dir.string(), errno);
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  // Some filesystems (e.g. certain network mounts) refuse fsync on directories: that is not a
+  // reason to fail a checkpoint, the rename itself is still atomic there.
+  if (rc != 0 && e != EINVAL && e != EROFS) throw_errno("cannot fsync directory", dir.string(), e);
+}
+
+void ensure_writable_directory(const std::filesystem::path& dir, std::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    throw PermissionDenied(std::string(what) + " " + dir.string() +
+                           " cannot be created: " + ec.message() + "; choose a writable path");
+  }
+  auto probe = dir / (".probe." + std::to_string(::getpid()));
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw PermissionDenied(
+        errno_message(std::string(what) + " is not writable:", dir.string(), errno) +
+        "; choose a writable path");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace longhaul::file

@@ -1,0 +1,77 @@
+#include "longhaul/base/file.h"
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+
+namespace longhaul::file {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("longhaul_file_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    fs::permissions(dir_, fs::perms::owner_all);
+    fs::remove_all(dir_);
+  }
+  fs::path dir_;
+};
+
+TEST_F(FileTest, CommitReplacesWholeFile) {
+  write_atomically(dir_ / "state", "old contents");
+  write_atomically(dir_ / "state", "new");
+  EXPECT_EQ(read_file(dir_ / "state"), "new");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+TEST_F(FileTest, AbandonedWriteLeavesPreviousFileAndNoTemporary) {
+  write_atomically(dir_ / "state", "good");
+  {
+    AtomicFile f(dir_ / "state");
+    f.write(std::string(3 << 20, 'x'));  // larger than the buffer: reaches the disk
+    // destroyed without commit, as when an exception unwinds a checkpoint write
+  }
+  EXPECT_EQ(read_file(dir_ / "state"), "good");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+TEST_F(FileTest, MissingFileIsNotFoundNamingThePath) {
+  try {
+    read_file(dir_ / "nope");
+    FAIL() << "expected NotFound";
+  } catch (const NotFound& e) {
+    EXPECT_NE(std::string(e.what()).find("nope"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(FileTest, UnwritableDirectoryIsPermissionDenied) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root can write anywhere; permission bits do not apply";
+  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
+  EXPECT_THROW(ensure_writable_directory(dir_, "logdir"), PermissionDenied);
+}
+
+TEST_F(FileTest, UncreatableDirectoryIsPermissionDenied) {
+  write_atomically(dir_ / "afile", "x");
+  // A path below a regular file can never be created, even by root.
+  try {
+    ensure_writable_directory(dir_ / "afile" / "logdir", "logdir");
+    FAIL() << "expected PermissionDenied";
+  } catch (const PermissionDenied& e) {
+    EXPECT_NE(std::string(e.what()).find("afile/logdir"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace longhaul::file

@@ -1,0 +1,63 @@
+// Durable file writes: a file written for the user (checkpoint, state file, events file) is
+// written so that a crash at any instant leaves the previous good version readable.
+//
+// AtomicFile commit protocol: write to "<path>.tmp.<pid>.<n>" in the same directory, fsync the
+// file, rename it over <path>, fsync the directory. A reader sees either the old file or the
+// whole new one, never a torn one. An AtomicFile destroyed without commit() removes its
+// temporary file.
+//
+// Thread-safety: an AtomicFile is used by one thread at a time; distinct objects are independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace longhaul::file {
+
+class AtomicFile {
+ public:
+  // Opens a temporary file next to `path`. Throws PermissionDenied / NotFound (errno-mapped)
+  // naming the directory when it cannot be created.
+  explicit AtomicFile(std::filesystem::path path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // Appends bytes (buffered in large writes). Throws Unavailable on ENOSPC/EIO naming the file.
+  void write(const void* data, size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  uint64_t bytes_written() const { return bytes_written_; }
+
+  // fsync + rename + fsync(dir). After it returns, <path> holds exactly what was written.
+  void commit();
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::filesystem::path& temp_path() const { return temp_path_; }
+
+ private:
+  void flush_buffer();
+  std::filesystem::path path_;
+  std::filesystem::path temp_path_;
+  int fd_ = -1;
+  bool committed_ = false;
+  uint64_t bytes_written_ = 0;
+  std::string buffer_;
+};
+
+// Writes `contents` to `path` with the AtomicFile protocol.
+void write_atomically(const std::filesystem::path& path, std::string_view contents);
+
+// Reads a whole file. Throws NotFound / PermissionDenied naming the file.
+std::string read_file(const std::filesystem::path& path);
+
+// fsync of a directory, so that a rename or unlink inside it survives a crash.
+void fsync_directory(const std::filesystem::path& dir);
+
+// Creates `dir` (and parents) and checks it is writable by creating and removing a probe file.
+// Throws PermissionDenied "logdir <dir> is not writable: ...; choose a writable --logdir".
+void ensure_writable_directory(const std::filesystem::path& dir, std::string_view what);
+
+}  // namespace longhaul::file
