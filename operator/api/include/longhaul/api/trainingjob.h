@@ -1,0 +1,222 @@
+// Typed view of the TrainingJob custom resource (longhaul.dev/v1alpha1), the C++ side of
+// crds/trainingjobs.longhaul.dev.yaml.
+//
+// parse_spec() reads `spec` from the JSON document the API server returns, applies the same
+// defaults as the CRD schema (so a job created without a defaulting API server behaves the
+// same), and throws longhaul::InvalidArgument whose message starts with the field path, e.g.
+//   "spec.replicaSpecs.Worker.replicas: must be >= 0".
+// validate_runnable() adds the checks the schema cannot express (a template with no
+// containers, a name too long for pod hostnames); the reconciler turns those errors into the
+// Failed condition with reason InvalidSpec instead of crash-looping.
+//
+// Status is parsed leniently (the operator reads back what it wrote) and serialised with
+// to_json(); equal statuses serialise to equal JSON, which is how the reconciler skips writes.
+//
+// Thread-safety: plain values; no shared state.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace longhaul::api {
+
+using json = nlohmann::json;
+using Time = std::chrono::system_clock::time_point;
+
+inline constexpr std::string_view kGroup = "longhaul.dev";
+inline constexpr std::string_view kVersion = "v1alpha1";
+inline constexpr std::string_view kApiVersion = "longhaul.dev/v1alpha1";
+inline constexpr std::string_view kKind = "TrainingJob";
+
+// Labels and annotations the operator puts on the objects it owns.
+inline constexpr std::string_view kLabelJobName = "longhaul.dev/job-name";
+inline constexpr std::string_view kLabelReplicaType = "longhaul.dev/replica-type";
+inline constexpr std::string_view kLabelReplicaIndex = "longhaul.dev/replica-index";
+inline constexpr std::string_view kLabelRole = "longhaul.dev/role";
+inline constexpr std::string_view kRoleChief = "chief";
+inline constexpr std::string_view kAnnotationRestartAttempt = "longhaul.dev/restart-attempt";
+
+enum class ReplicaType { kChief, kWorker, kPS, kEvaluator };
+inline constexpr ReplicaType kAllReplicaTypes[] = {ReplicaType::kChief, ReplicaType::kWorker,
+                                                   ReplicaType::kPS, ReplicaType::kEvaluator};
+std::string_view replica_type_name(ReplicaType t);   // "Chief", "Worker", "PS", "Evaluator"
+std::string_view replica_type_label(ReplicaType t);  // "chief", "worker", "ps", "evaluator"
+std::optional<ReplicaType> parse_replica_type(std::string_view name_or_label);
+
+enum class RestartPolicy { kNever, kOnFailure, kExitCode };
+enum class RestartScope { kGroup, kPod };
+enum class CleanPodPolicy { kRunning, kAll, kNone };
+enum class SuccessPolicy { kChiefSucceeds, kAllWorkers };
+enum class ReclaimPolicy { kRetain, kDelete };
+
+struct ReplicaSpec {
+  int32_t replicas = 1;
+  json pod_template = json::object();  // PodTemplateSpec {metadata, spec}
+  RestartPolicy restart_policy = RestartPolicy::kExitCode;
+};
+
+struct LogdirSpec {
+  std::string claim_name;  // non-empty: mount this existing claim, create nothing
+  std::string storage_class_name;
+  std::string size = "10Gi";
+  std::vector<std::string> access_modes = {"ReadWriteMany"};
+  std::string mount_path = "/logdir";
+  ReclaimPolicy reclaim_policy = ReclaimPolicy::kRetain;
+};
+
+struct BackoffSpec {
+  int32_t initial_seconds = 10;
+  int32_t max_seconds = 300;
+};
+
+struct RunPolicy {
+  int32_t backoff_limit = 6;
+  RestartScope restart_scope = RestartScope::kGroup;
+  std::vector<int32_t> retryable_exit_codes;
+  std::vector<int32_t> permanent_exit_codes;
+  BackoffSpec backoff;
+  int32_t node_lost_timeout_seconds = 120;
+  std::optional<int64_t> active_deadline_seconds;
+  std::optional<int32_t> ttl_seconds_after_finished;
+  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
+  bool suspend = false;
+};
+
+struct TrainingJobSpec {
+  std::map<ReplicaType, ReplicaSpec> replica_specs;  // only the types present in the manifest
+  LogdirSpec logdir;
+  RunPolicy run_policy;
+  SuccessPolicy success_policy = SuccessPolicy::kChiefSucceeds;
+
+  // The chief: Chief 0 when a Chief replica exists, else Worker 0. nullopt when neither has
+  // replicas (validate_runnable rejects that).
+  std::optional<std::pair<ReplicaType, int>> chief() const;
+  int32_t total_replicas() const;
+};
+
+// Parses `spec` (the object under the resource's "spec" key). Throws InvalidArgument naming the
+// field path on any type or range error.
+TrainingJobSpec parse_spec(const json& spec);
+// Checks what the schema cannot: containers present, names fit DNS labels, a chief exists.
+// Throws InvalidArgument naming the field path.
+void validate_runnable(const TrainingJobSpec& spec, std::string_view job_name);
+json to_json(const TrainingJobSpec& spec);
+
+// ---- status ----
+
+namespace phase {
+inline constexpr std::string_view kPending = "Pending";
+inline constexpr std::string_view kRunning = "Running";
+inline constexpr std::string_view kRestarting = "Restarting";
+inline constexpr std::string_view kSucceeded = "Succeeded";
+inline constexpr std::string_view kFailed = "Failed";
+inline constexpr std::string_view kSuspended = "Suspended";
+}  // namespace phase
+
+namespace condition {
+inline constexpr std::string_view kCreated = "Created";
+inline constexpr std::string_view kRunning = "Running";
+inline constexpr std::string_view kRestarting = "Restarting";
+inline constexpr std::string_view kSucceeded = "Succeeded";
+inline constexpr std::string_view kFailed = "Failed";
+inline constexpr std::string_view kSuspended = "Suspended";
+}  // namespace condition
+
+// Condition reasons (also used as Event reasons).
+namespace reason {
+inline constexpr std::string_view kJobCreated = "TrainingJobCreated";
+inline constexpr std::string_view kAllReplicasRunning = "AllReplicasRunning";
+inline constexpr std::string_view kReplicasPending = "ReplicasPending";
+inline constexpr std::string_view kPreempted = "PodPreempted";  // disruption: no budget spent
+inline constexpr std::string_view kPodDeleted = "PodDeletedExternally";
+inline constexpr std::string_view kRetryableExit = "RetryableExitCode";
+inline constexpr std::string_view kContainerRestarted = "ContainerRestarted";
+inline constexpr std::string_view kRestartDone = "RestartCompleted";
+inline constexpr std::string_view kChiefSucceeded = "ChiefSucceeded";
+inline constexpr std::string_view kAllWorkersSucceeded = "AllWorkersSucceeded";
+inline constexpr std::string_view kPermanentExit = "PermanentExitCode";
+inline constexpr std::string_view kPodFailedNeverRestart = "PodFailedRestartPolicyNever";
+inline constexpr std::string_view kBackoffLimitExceeded = "BackoffLimitExceeded";
+inline constexpr std::string_view kDeadlineExceeded = "DeadlineExceeded";
+inline constexpr std::string_view kInvalidSpec = "InvalidSpec";
+inline constexpr std::string_view kSuspended = "JobSuspended";
+inline constexpr std::string_view kResumed = "JobResumed";
+// Event-only reasons.
+inline constexpr std::string_view kCreatedPod = "CreatedPod";
+inline constexpr std::string_view kDeletedPod = "DeletedPod";
+inline constexpr std::string_view kForceDeletedPod = "ForceDeletedPod";
+inline constexpr std::string_view kCreatedService = "CreatedService";
+inline constexpr std::string_view kCreatedClaim = "CreatedClaim";
+inline constexpr std::string_view kTtlExpired = "TTLExpired";
+inline constexpr std::string_view kCleanedUpPods = "CleanedUpPods";
+}  // namespace reason
+
+struct Condition {
+  std::string type;
+  std::string status;  // "True", "False", "Unknown"
+  std::string reason;
+  std::string message;
+  std::string last_transition_time;  // RFC 3339
+  bool operator==(const Condition&) const = default;
+};
+
+struct ReplicaStatus {
+  int32_t active = 0;  // pods of the current incarnation not finished
+  int32_t ready = 0;
+  int32_t succeeded = 0;
+  int32_t failed = 0;
+  bool operator==(const ReplicaStatus&) const = default;
+};
+
+// What the operator remembers about one pod name, so that it survives operator restarts.
+struct PodRecord {
+  int64_t restart_attempt = 0;     // the incarnation wanted under this name
+  bool created = false;            // that incarnation was observed in the cluster
+  int32_t container_restarts = 0;  // container restarts already added to failureCount
+  bool operator==(const PodRecord&) const = default;
+};
+
+struct TrainingJobStatus {
+  std::string phase;
+  std::vector<Condition> conditions;
+  std::map<std::string, ReplicaStatus> replica_statuses;  // keyed "Chief", "Worker", ...
+  std::map<std::string, PodRecord> pods;
+  std::string ready;  // "3/4", for the printer column
+  int32_t restart_count = 0;
+  int32_t preemption_count = 0;
+  int32_t failure_count = 0;
+  std::string failure_budget;  // "2/6"
+  std::string chief_pod;
+  int64_t restart_attempt = 0;
+  std::string next_restart_time;
+  int64_t observed_generation = 0;
+  std::string start_time;
+  std::string completion_time;
+  bool operator==(const TrainingJobStatus&) const = default;
+};
+
+TrainingJobStatus parse_status(const json& status);  // lenient: missing fields take defaults
+json to_json(const TrainingJobStatus& status);
+
+// Sets condition `type`. lastTransitionTime changes only when `status` changes; reason and
+// message are updated in place. Returns true when anything changed.
+bool set_condition(TrainingJobStatus& s, std::string_view type, std::string_view status,
+                   std::string_view reason, std::string_view message, Time now);
+const Condition* find_condition(const TrainingJobStatus& s, std::string_view type);
+bool condition_true(const TrainingJobStatus& s, std::string_view type);
+bool is_finished(const TrainingJobStatus& s);  // phase Succeeded or Failed
+
+// RFC 3339 in UTC with second precision ("2026-11-21T13:20:39Z"), as Kubernetes writes times.
+std::string format_time(Time t);
+// Accepts fractional seconds and "Z" or numeric offsets. Throws InvalidArgument.
+Time parse_time(std::string_view text);
+std::optional<Time> parse_time_or_null(std::string_view text);
+
+}  // namespace longhaul::api
