@@ -1,0 +1,30 @@
+#include "longhaul/kernels/cpu/adamw.h"
+
+#include <cmath>
+
+#include "parallel_config.h"
+
+namespace longhaul::kernels::cpu {
+
+void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
+                  const AdamWHyper& hyper) {
+  const float b1 = hyper.beta1, b2 = hyper.beta2;
+  const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), hyper.t));
+  const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), hyper.t));
+  const float lr = hyper.lr, eps = hyper.eps, wd = hyper.weight_decay, gs = hyper.grad_scale;
+  const long long count = static_cast<long long>(n);
+  const bool parallel = n >= kParallelMinWork;
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (long long i = 0; i < count; ++i) {
+    const float g = grads[i] * gs;
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / c1;
+    const float vhat = vi / c2;
+    params[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * params[i]);
+  }
+}
+
+}  // namespace longhaul::kernels::cpu

@@ -1,0 +1,27 @@
+#include "longhaul/kernels/cpu/global_norm.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "parallel_config.h"
+
+namespace longhaul::kernels::cpu {
+
+double sum_of_squares(const float* x, size_t n) {
+  constexpr size_t kChunk = 16384;
+  const long long chunks = static_cast<long long>((n + kChunk - 1) / kChunk);
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  const bool parallel = n >= kParallelMinWork;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (long long k = 0; k < chunks; ++k) {
+    const size_t i0 = static_cast<size_t>(k) * kChunk, i1 = std::min(n, i0 + kChunk);
+    double acc = 0.0;
+    for (size_t i = i0; i < i1; ++i) acc += static_cast<double>(x[i]) * x[i];
+    partial[static_cast<size_t>(k)] = acc;
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace longhaul::kernels::cpu
