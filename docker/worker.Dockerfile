@@ -1,0 +1,87 @@
+# syntax=docker/dockerfile:1.7
+# longhaul-worker: the training program, with the CUDA backend (bf16, cuBLASLt, NCCL).
+#
+#   docker build -f docker/worker.Dockerfile -t longhaul-worker:0.1.0 .
+#   docker run --gpus all longhaul-worker:0.1.0 train --set device=cuda
+#
+# Base: Debian 12 with NVIDIA's CUDA apt repository for Debian 12, in both stages. The
+# project's scripts/install-deps.sh names Debian 12 packages (libyaml-cpp0.7, libprotobuf32,
+# libgloo0, ...), so the build runs the exact install and build steps CI runs on Debian 12; an
+# nvidia/cuda Ubuntu 24.04 base would need different package names (t64 renames, yaml-cpp 0.8)
+# and would drift from CI. From NVIDIA's repository each stage takes only the CUDA packages it
+# needs: nvcc, cudart, cuBLAS(Lt) and NCCL headers to build; cudart, cuBLAS(Lt) and NCCL to run.
+# The driver (libcuda.so.1) comes from the node through the NVIDIA container toolkit.
+
+ARG DEBIAN_IMAGE=debian:12
+ARG DEBIAN_SLIM_IMAGE=debian:12-slim
+# CUDA 13.0 packages (apt names use a dash: 13-0).
+ARG CUDA_PACKAGE_VERSION=13-0
+ARG CUDA_KEYRING_URL=https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb
+
+# ---------------------------------------------------------------------------------------------
+FROM ${DEBIAN_IMAGE} AS build
+ARG CUDA_PACKAGE_VERSION
+ARG CUDA_KEYRING_URL
+# GPU architectures compiled into the binary: A100 (80), H100/H200 (90), B200 (100).
+ARG CUDA_ARCHITECTURES="80;90;100"
+ADD ${CUDA_KEYRING_URL} /tmp/cuda-keyring.deb
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends ca-certificates \
+ && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
+ && apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      cuda-nvcc-${CUDA_PACKAGE_VERSION} cuda-cudart-dev-${CUDA_PACKAGE_VERSION} \
+      libcublas-dev-${CUDA_PACKAGE_VERSION} libnccl-dev libnccl2 \
+ && rm -rf /var/lib/apt/lists/*
+ENV PATH=/usr/local/cuda/bin:${PATH} \
+    CUDACXX=/usr/local/cuda/bin/nvcc
+
+WORKDIR /src
+# The same dependency script as CI and the README (its own layer: cached until it changes).
+COPY scripts/install-deps.sh scripts/install-deps.sh
+RUN scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+
+COPY . .
+# CI's preset (warnings are errors, CUDA compiled because nvcc is on PATH); only the worker
+# target is built. The grep fails the build if CMake did not find nvcc: a CPU-only worker image
+# would otherwise ship silently.
+RUN --mount=type=cache,target=/root/.cache/ccache \
+    cmake --preset ci -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
+ && cmake --build --preset ci --target longhaul-worker \
+ && grep -Eq '^CMAKE_CUDA_COMPILER:[A-Z]+=/' build/ci/CMakeCache.txt \
+ && install -D -m 0755 build/ci/worker/cli/longhaul-worker /out/longhaul-worker
+
+# ---------------------------------------------------------------------------------------------
+FROM ${DEBIAN_SLIM_IMAGE} AS runtime
+ARG CUDA_PACKAGE_VERSION
+ARG CUDA_KEYRING_URL
+ADD ${CUDA_KEYRING_URL} /tmp/cuda-keyring.deb
+COPY scripts/install-deps.sh /tmp/install-deps.sh
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends ca-certificates \
+ && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
+ && apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      cuda-cudart-${CUDA_PACKAGE_VERSION} libcublas-${CUDA_PACKAGE_VERSION} libnccl2 \
+ && /tmp/install-deps.sh --runtime \
+ && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
+ && useradd --uid 65532 --user-group --create-home --home-dir /home/longhaul \
+      --shell /usr/sbin/nologin longhaul
+
+COPY --from=build /out/longhaul-worker /usr/local/bin/longhaul-worker
+# Fail the image build, not the first training job, when a shared library is missing
+# (libcuda.so.1 is the node's driver, mounted at run time).
+RUN missing="$(ldd /usr/local/bin/longhaul-worker | grep 'not found' | grep -v 'libcuda\.so' || true)"; \
+    if [ -n "$missing" ]; then echo "longhaul-worker lacks runtime libraries:"; echo "$missing"; exit 1; fi
+
+# The NVIDIA container toolkit mounts the driver for these capabilities.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64
+USER 65532:65532
+WORKDIR /home/longhaul
+# Prometheus metrics (metrics_port in the worker config; the chart's PodMonitor scrapes the
+# container port named "metrics").
+EXPOSE 9400
+ENTRYPOINT ["longhaul-worker"]
+CMD ["train"]
