@@ -1,0 +1,507 @@
+"""Renders and lints charts/longhaul with Helm's own engine (Helm's Go SDK through the
+helm-python-sdk wheel, offline) and checks what a cluster would receive: the kinds and names,
+labels against selectors, least-privilege RBAC, the security context, the operator's flags, the
+Grafana dashboards, the CRD copy, and every object against the Kubernetes OpenAPI schemas
+(kubernetes-validate, offline). Also checks the TrainingJob examples against the CRD schema.
+
+Run: <venv>/bin/python -m pytest tests/chart -q   (tests/chart/run_chart_test.sh does it for ctest)
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import pathlib
+
+import pytest
+import yaml
+
+import dashboard_queries as dq
+
+# Imported here, not skipped on failure: a venv without them must fail loudly.
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+
+REPO = dq.REPO
+CHART = REPO / "charts" / "longhaul"
+VALUES_ALL = pathlib.Path(__file__).with_name("values-all.yaml")
+RELEASE = "longhaul"
+NAMESPACE = "longhaul-system"
+KUBE_VERSION = "1.30.0"
+
+JOB_RULES = {
+    ("longhaul.dev", "trainingjobs"): {"get", "list", "watch", "update", "patch"},
+    ("longhaul.dev", "trainingjobs/status"): {"get", "update", "patch"},
+    ("longhaul.dev", "trainingjobs/finalizers"): {"update"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "delete"},
+    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "delete"},
+    ("", "events"): {"create", "patch"},
+}
+LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+
+
+def render(values: dict | None, name: str = RELEASE) -> list[dict]:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values=values, name=name, namespace=NAMESPACE, is_install=True)
+    objects = []
+    for path, text in manifests.items():
+        if not path.endswith(".yaml"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc["__template"] = path
+                objects.append(doc)
+    return objects
+
+
+def values_all() -> dict:
+    return yaml.safe_load(VALUES_ALL.read_text())
+
+
+@pytest.fixture(scope="module", params=["defaults", "values-all"])
+def case(request):
+    values = None if request.param == "defaults" else values_all()
+    merged = helm.Chart.load(CHART).merge_values(values)
+    return request.param, merged, render(values)
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict], kind: str) -> dict:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# ---------------------------------------------------------------- Helm lint and values schema
+
+
+@pytest.mark.parametrize("values_file", [None, VALUES_ALL])
+def test_helm_lint_strict_has_no_errors_or_warnings(values_file):
+    values = yaml.safe_load(values_file.read_text()) if values_file else None
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE,
+                       kube_version="v" + KUBE_VERSION)
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert report["total_charts_linted"] == 1
+    assert not problems, json.dumps(report, indent=2)
+
+
+@pytest.mark.parametrize("bad", [
+    {"replicaCount": "two"},
+    {"operator": {"watchNamespaces": ["Not_A_Namespace"]}},
+    {"operator": {"metricsPort": 70000}},
+    {"image": {"pullPolicy": "Sometimes"}},
+    {"metrics": {"serviceMonitor": {"interval": "soon"}}},
+    {"unknownTopLevelKey": True},
+])
+def test_values_schema_rejects_bad_values(bad):
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError):
+            chart.render(values=bad, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_every_value_is_commented():
+    """Every key of values.yaml has a comment right above it, except section headers (maps whose
+    children carry the comments). A commented map (e.g. securityContext) documents its body."""
+    lines = [l for l in (CHART / "values.yaml").read_text().splitlines() if l.strip()]
+    keys = []  # (indent, key, commented) of every "key:" line outside a list
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("#") or stripped.startswith("-"):
+            continue
+        keys.append((len(line) - len(line.lstrip()), stripped.split(":", 1)[0],
+                     i > 0 and lines[i - 1].strip().startswith("#")))
+    undocumented = []
+    covered_below = None  # indent under which a commented map's body needs no comments
+    for j, (indent, key, commented) in enumerate(keys):
+        if covered_below is not None and indent > covered_below:
+            continue
+        covered_below = None
+        has_children = j + 1 < len(keys) and keys[j + 1][0] > indent
+        if commented and has_children:
+            covered_below = indent
+        elif not commented and not has_children:
+            undocumented.append(key)
+    assert not undocumented, f"values.yaml keys without a comment: {undocumented}"
+
+
+def test_values_keys_are_camel_case():
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield path + [k]
+                if path[-1:] not in (["podAnnotations"], ["podLabels"], ["nodeSelector"]):
+                    yield from walk(v, path + [k])
+
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    bad = [".".join(p) for p in walk(defaults, []) if "_" in p[-1] or "-" in p[-1]
+           or p[-1][:1].isupper() and p[-1] != "ALL"]
+    assert not bad, bad
+
+
+# ---------------------------------------------------------------- objects, names, selectors
+
+
+def test_rendered_kinds_and_names(case):
+    name, values, objects = case
+    full = f"{RELEASE}-lh" if name == "values-all" else RELEASE
+    kinds = sorted((o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+                   for o in objects)
+    if name == "defaults":
+        expected = [
+            ("ClusterRole", "", full),
+            ("ClusterRoleBinding", "", full),
+            ("ConfigMap", NAMESPACE, f"{full}-dashboards"),
+            ("Deployment", NAMESPACE, full),
+            ("Role", NAMESPACE, f"{full}-leader-election"),
+            ("RoleBinding", NAMESPACE, f"{full}-leader-election"),
+            ("Service", NAMESPACE, f"{full}-metrics"),
+            ("ServiceAccount", NAMESPACE, full),
+        ]
+    else:
+        expected = [
+            ("ConfigMap", "monitoring", f"{full}-dashboards"),
+            ("Deployment", NAMESPACE, full),
+            ("PodMonitor", NAMESPACE, f"{full}-workers"),
+            ("Role", NAMESPACE, f"{full}-leader-election"),
+            ("Role", "team-a", full),
+            ("Role", "team-b", full),
+            ("RoleBinding", NAMESPACE, f"{full}-leader-election"),
+            ("RoleBinding", "team-a", full),
+            ("RoleBinding", "team-b", full),
+            ("Service", NAMESPACE, f"{full}-metrics"),
+            ("ServiceAccount", NAMESPACE, "longhaul-operator"),
+            ("ServiceMonitor", NAMESPACE, f"{full}-operator"),
+        ]
+    assert kinds == sorted(expected)
+
+
+def test_every_object_carries_the_standard_labels(case):
+    _, values, objects = case
+    for o in objects:
+        labels = o["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/instance") == RELEASE, o["metadata"]["name"]
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm"
+        assert labels.get("app.kubernetes.io/version") == "0.1.0"
+        assert labels.get("helm.sh/chart") == "longhaul-0.1.0"
+        assert labels.get("app.kubernetes.io/name") == (values["nameOverride"] or "longhaul")
+
+
+def test_selectors_match_their_targets(case):
+    _, values, objects = case
+    deployment = one(objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selects(selector, pod_labels)
+    assert "app.kubernetes.io/version" not in selector and "helm.sh/chart" not in selector, \
+        "selectors must not contain labels that change on upgrade"
+    ports = {p["name"]: p["containerPort"]
+             for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"metrics": values["operator"]["metricsPort"],
+                     "health": values["operator"]["healthPort"]}
+
+    service = one(objects, "Service")
+    assert selects(service["spec"]["selector"], pod_labels)
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": values["metrics"]["service"]["port"],
+                                         "targetPort": "metrics", "protocol": "TCP"}]
+    for monitor in by_kind(objects, "ServiceMonitor"):
+        assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    for monitor in by_kind(objects, "PodMonitor"):
+        assert monitor["spec"]["selector"] == {
+            "matchExpressions": [{"key": "longhaul.dev/job-name", "operator": "Exists"}]}
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+        endpoint, = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+        targets = {r["targetLabel"] for r in endpoint["relabelings"]}
+        assert targets == {"trainingjob", "replica_type"}
+
+
+def test_deployment_runs_the_operator_with_the_configured_flags(case):
+    name, values, objects = case
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    container, = spec["containers"]
+    op = values["operator"]
+    assert deployment["spec"]["replicas"] == values["replicaCount"]
+    assert container["image"] == (
+        "ghcr.io/longhaul-dev/longhaul-operator:0.1.0" if name == "defaults"
+        else "registry.example.com/ml/longhaul-operator:0.1.0-rc1")
+    expected = [f"--namespace={ns}" for ns in op["watchNamespaces"]]
+    expected.append(f"--leader-elect={'true' if op['leaderElection']['enabled'] else 'false'}")
+    if op["leaderElection"]["enabled"]:
+        lease = op["leaderElection"]["leaseName"] or f"{RELEASE}-leader"
+        expected += [f"--lease-name={lease}", f"--lease-namespace={NAMESPACE}"]
+    expected += [f"--metrics-port={op['metricsPort']}", f"--health-port={op['healthPort']}",
+                 f"--workers={op['workers']}", f"--qps={op['qps']}", f"--burst={op['burst']}"]
+    expected += op["extraArgs"]
+    assert container["args"] == expected
+    assert spec["serviceAccountName"] == (values["serviceAccount"]["name"] or RELEASE)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["resources"] == values["resources"]
+    if name == "values-all":
+        assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
+        assert spec["priorityClassName"] == "system-cluster-critical"
+        assert spec["tolerations"] == values["tolerations"]
+        assert {"name": "TZ", "value": "UTC"} in container["env"]
+        assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "ml-platform"
+
+
+def test_leader_election_off_drops_the_lease_role_and_flags():
+    objects = render({"operator": {"leaderElection": {"enabled": False}}})
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--leader-elect=false" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--lease")]
+    assert not [o for o in by_kind(objects, "Role") if "leases" in json.dumps(o)]
+
+
+def test_security_context_is_locked_down(case):
+    _, _, objects = case
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = spec["containers"][0]["securityContext"]
+    assert container["runAsNonRoot"] is True
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert container["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in container and "hostNetwork" not in spec and "hostPID" not in spec
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = (group, resource)
+                assert key not in out, f"{key} granted twice in {role['metadata']['name']}"
+                out[key] = set(rule["verbs"])
+    return out
+
+
+def test_rbac_is_exactly_least_privilege(case):
+    name, values, objects = case
+    roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+    for role in roles:
+        text = json.dumps(role["rules"])
+        assert "*" not in text, f"wildcard in {role['metadata']['name']}"
+        assert "secrets" not in text and "configmaps" not in text and "nodes" not in text
+    lease_roles = [r for r in roles if r["metadata"]["name"].endswith("-leader-election")]
+    job_roles = [r for r in roles if r not in lease_roles]
+    assert len(lease_roles) == 1
+    assert lease_roles[0]["kind"] == "Role"
+    assert lease_roles[0]["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(lease_roles[0]) == LEASE_RULES
+    watched = values["operator"]["watchNamespaces"]
+    if watched:
+        assert {r["kind"] for r in job_roles} == {"Role"}
+        assert sorted(r["metadata"]["namespace"] for r in job_roles) == sorted(watched)
+    else:
+        assert [r["kind"] for r in job_roles] == ["ClusterRole"]
+    for role in job_roles:
+        assert rules_of(role) == JOB_RULES
+
+
+def test_bindings_grant_the_roles_to_the_operator_service_account(case):
+    _, values, objects = case
+    sa = one(objects, "ServiceAccount")
+    roles = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"])
+             for r in by_kind(objects, "ClusterRole") + by_kind(objects, "Role")}
+    bindings = by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
+    assert len(bindings) == len(roles)
+    for b in bindings:
+        ref = b["roleRef"]
+        ns = b["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        assert (ref["kind"], ns, ref["name"]) in roles
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                  "namespace": NAMESPACE}]
+
+
+def test_rbac_create_false_renders_no_rbac():
+    objects = render({"rbac": {"create": False}})
+    assert not [o for o in objects if o["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+def test_existing_service_account_requires_a_name():
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError, match="serviceAccount.name"):
+            chart.render(values={"serviceAccount": {"create": False}}, name=RELEASE,
+                         namespace=NAMESPACE)
+    objects = render({"serviceAccount": {"create": False, "name": "platform-sa"}})
+    assert not by_kind(objects, "ServiceAccount")
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "platform-sa"
+
+
+# ---------------------------------------------------------------- dashboards
+
+
+def test_dashboards_configmap_holds_the_dashboard_files(case):
+    name, values, objects = case
+    cm = one(objects, "ConfigMap")
+    dash = values["dashboards"]
+    assert cm["metadata"]["labels"][dash["label"]] == dash["labelValue"]
+    files = sorted(p.name for p in dq.DASHBOARD_DIR.glob("*.json"))
+    assert sorted(cm["data"]) == files == ["longhaul-operator.json", "longhaul-worker.json"]
+    for f in files:
+        assert json.loads(cm["data"][f]) == json.loads((dq.DASHBOARD_DIR / f).read_text())
+    if name == "values-all":
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "Longhaul"}
+
+
+def test_dashboards_disabled_renders_no_configmap():
+    assert not by_kind(render({"dashboards": {"enabled": False}}), "ConfigMap")
+
+
+@pytest.mark.parametrize("file", sorted(p.name for p in dq.DASHBOARD_DIR.glob("*.json")))
+def test_dashboard_is_well_formed(file):
+    dash = json.loads((dq.DASHBOARD_DIR / file).read_text())
+    assert dash["uid"] == file.removesuffix(".json") and dash["title"].startswith("longhaul / ")
+    assert 36 <= dash["schemaVersion"] <= 41
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    ids = set()
+    for panel in dash["panels"]:
+        assert panel["id"] not in ids
+        ids.add(panel["id"])
+        g = panel["gridPos"]
+        assert g["x"] + g["w"] <= 24 and g["w"] > 0 and g["h"] > 0
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel["description"] and panel["targets"]
+        for t in panel["targets"]:
+            assert t["datasource"] == panel["datasource"]
+            assert t["expr"].count("(") == t["expr"].count(")")
+            for var in ("$namespace", "$trainingjob", "$rank", "$instance"):
+                if var[1:] in variables and "longhaul_" in t["expr"]:
+                    assert var in t["expr"], f"{panel['title']} ignores {var}"
+
+
+def test_dashboards_query_only_the_project_metrics():
+    queries = dq.queries(dq.load_dashboards())
+    assert len(queries) > 25
+    unknown = {(q.dashboard, q.where, n) for q in queries for n in dq.metric_names(q.expr)
+               if n not in dq.ALL_SERIES}
+    assert not unknown, unknown
+    used = set().union(*(dq.metric_names(q.expr) for q in queries))
+    for histogram in dq.WORKER_HISTOGRAMS | dq.OPERATOR_HISTOGRAMS:
+        assert histogram + "_bucket" in used, f"no panel shows {histogram}"
+    base = {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n in used}
+    every = (dq.WORKER_COUNTERS | dq.WORKER_GAUGES | dq.WORKER_HISTOGRAMS | dq.OPERATOR_COUNTERS
+             | dq.OPERATOR_GAUGES | dq.OPERATOR_HISTOGRAMS)
+    assert every - base == set(), f"metrics no dashboard shows: {every - base}"
+
+
+def test_metric_name_extraction_sees_through_promql():
+    expr = ('histogram_quantile(0.99, sum by (le, rank) (rate(longhaul_a_bucket{x=~"$x", '
+            'y!="b c"}[$__rate_interval]))) / on(instance) group_left(version) '
+            'longhaul_b or vector(0) and time() - longhaul_c offset 5m')
+    assert dq.metric_names(expr) == {"longhaul_a_bucket", "longhaul_b", "longhaul_c"}
+    assert dq.metric_names('label_values(longhaul_d{n=~"$n"}, rank)') == {"longhaul_d"}
+    assert dq.metric_names("rate(up[5m]) * 1e3") == {"up"}
+
+
+# ---------------------------------------------------------------- Kubernetes schemas, CRDs
+
+
+def test_every_object_is_valid_against_the_kubernetes_openapi_schema(case):
+    _, _, objects = case
+    for o in objects:
+        o = {k: v for k, v in o.items() if k != "__template"}
+        if o["apiVersion"].startswith("monitoring.coreos.com/"):
+            # Prometheus Operator CRDs: no schema ships offline; check the shape they require.
+            assert o["kind"] in {"ServiceMonitor", "PodMonitor"}
+            assert o["metadata"]["name"] and o["metadata"]["namespace"]
+            assert "selector" in o["spec"] and "namespaceSelector" in o["spec"]
+            continue
+        kubernetes_validate.validate(o, KUBE_VERSION, strict=True)
+
+
+def crd_files(directory: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.glob("*.yaml"))}
+
+
+def test_chart_crds_are_a_copy_of_the_top_level_crds():
+    top = crd_files(REPO / "crds")
+    chart = crd_files(CHART / "crds")
+    assert top, "crds/ holds no CRD: the operator's trainingjobs.longhaul.dev.yaml is missing"
+    assert chart == top, (
+        "charts/longhaul/crds/ differs from crds/: run  cp crds/*.yaml charts/longhaul/crds/  "
+        f"(top-level: {sorted(top)}, chart: {sorted(chart)})")
+    with helm.Chart.load(CHART) as loaded:
+        assert [c["name"] for c in loaded.crds] == [f"crds/{n}" for n in sorted(top)]
+    for name in top:
+        crd = yaml.safe_load(top[name])
+        kubernetes_validate.validate(crd, KUBE_VERSION, strict=True)
+        assert crd["spec"]["group"] == "longhaul.dev"
+        assert crd["spec"]["names"]["kind"] == "TrainingJob"
+        assert "tj" in crd["spec"]["names"]["shortNames"]
+
+
+def trainingjob_schema() -> dict:
+    path = REPO / "crds" / "trainingjobs.longhaul.dev.yaml"
+    if not path.exists():
+        pytest.fail("crds/trainingjobs.longhaul.dev.yaml is missing: cannot check the examples")
+    crd = yaml.safe_load(path.read_text())
+    version, = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _to_json_schema(node):
+    """OpenAPI v3 (structural) to JSON Schema: `nullable` widens the type, x-kubernetes-* and
+    x-kubernetes-validations (CEL, checked by the API server only) are dropped, int-or-string
+    becomes a type union, and objects reject unknown fields (kubectl --validate=strict)."""
+    if isinstance(node, list):
+        return [_to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _to_json_schema(v) for k, v in node.items()
+           if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+        out.pop("format", None)
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"] if isinstance(out["type"], str) else out["type"] + ["null"]
+    if node.get("type") == "object" and "properties" in node and \
+            "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        # The API server prunes unknown fields silently; a typo in an example must not pass.
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("trainingjob-*.yaml")))
+def test_trainingjob_examples_are_valid_against_the_crd(example):
+    schema = _to_json_schema(trainingjob_schema())
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / example).read_text()) if d]
+    jobs = [d for d in docs if d.get("kind") == "TrainingJob"]
+    assert jobs, f"{example} holds no TrainingJob"
+    for doc in docs:
+        if doc.get("kind") == "TrainingJob":
+            assert doc["apiVersion"] == "longhaul.dev/v1alpha1"
+            jsonschema.validate(doc, schema)
+            for replica in doc["spec"]["replicaSpecs"].values():
+                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+                       "spec": replica["template"]["spec"]}
+                kubernetes_validate.validate(pod, KUBE_VERSION, strict=True)
+        else:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)

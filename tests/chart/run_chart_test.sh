@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the chart and image tests (chart_test.py, images_test.py) with the project's test venv.
+# Exit 77 (ctest: Skipped) with the reason when the venv does not exist; a venv that lacks the
+# Helm SDK or the validators FAILS, naming the packages, because a silent pass would hide a
+# broken chart.
+#
+#   tests/chart/run_chart_test.sh [pytest args]      venv: ${LONGHAUL_VENV:-<repo>/.venv}
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+venv="${LONGHAUL_VENV:-$repo/.venv}"
+[[ "$venv" = /* ]] || venv="$PWD/$venv"
+python="$venv/bin/python"
+
+if [[ ! -x "$python" ]]; then
+  echo "SKIPPED: no Python venv at $venv; create it with scripts/setup-venv.sh"
+  exit 77
+fi
+if ! "$python" -c "import helm_python, kubernetes_validate, jsonschema, yaml, pytest" 2>/dev/null; then
+  echo "FAILED: $venv lacks the chart test's packages; scripts/setup-venv.sh must install:" >&2
+  echo "  helm-python-sdk kubernetes-validate pyyaml pytest (jsonschema comes with kubernetes-validate)" >&2
+  "$python" -c "import helm_python, kubernetes_validate, jsonschema, yaml, pytest" >&2 || true
+  exit 1
+fi
+cd "$here"
+exec "$python" -m pytest -q -p no:cacheprovider chart_test.py images_test.py "$@"
