@@ -505,3 +505,22 @@ def test_trainingjob_examples_are_valid_against_the_crd(example):
                 kubernetes_validate.validate(pod, KUBE_VERSION, strict=True)
         else:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_dashboard_promql_parses_with_promtool(tmp_path):
+    """Every expression, variables at "All", as a recording rule: promtool parses them all."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not installed (Debian package `prometheus`)")
+    rules = []
+    for i, q in enumerate(dq.queries(dq.load_dashboards())):
+        expr = dq.substitute(q.expr)
+        inner = dq._LABEL_VALUES.match(expr)
+        rules.append({"record": f"dashboard:query_{i}", "expr": inner.group(1) if inner else expr})
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

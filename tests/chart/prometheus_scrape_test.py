@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""A real Prometheus (Debian package `prometheus`) on loopback scrapes a real longhaul-worker and
+a real longhaul-operator, and then:
+  1. every metric of the naming contract is exported with the right TYPE by the right binary;
+  2. `promtool check metrics` accepts both scrapes;
+  3. every PromQL expression of the Grafana dashboards (panels and variables, with the variables
+     at "All") returns data from that Prometheus.
+
+The worker trains the tiny CPU preset twice in one logdir: a short first run writes checkpoints,
+the second restores them (restores > 0) and keeps training and checkpointing while it is
+scraped. The operator runs against the project's fake API server with leader election; the test
+creates a TrainingJob, then marks one of its pods preempted, so that jobs, reconciles, API
+requests (including the 404 of the first Lease lookup) and pod restarts all have samples.
+
+Only the Python standard library is used (no venv needed).
+
+  tests/chart/prometheus_scrape_test.py --worker build/x/worker/cli/longhaul-worker \
+      --operator build/x/operator/cli/longhaul-operator \
+      --fake-apiserver build/x/tests/fakeapi/longhaul-fake-apiserver [--workdir DIR] [--keep]
+
+Binary paths may also come from LONGHAUL_WORKER, LONGHAUL_OPERATOR, LONGHAUL_FAKE_APISERVER.
+Exit 0 on success, 1 on failure, 77 (skipped) when prometheus/promtool are not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import dashboard_queries as dq  # noqa: E402
+
+NAMESPACE = "default"
+JOB = "scrape-test"
+DEADLINE_SECONDS = 120
+
+
+class Failure(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, predicate, timeout: float = DEADLINE_SECONDS, interval: float = 0.25):
+    """Polls predicate() until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - reported at the deadline
+            last_error = e
+        time.sleep(interval)
+    raise Failure(f"timed out after {timeout:.0f}s waiting for {what}"
+                  + (f" (last error: {last_error})" if last_error else ""))
+
+
+def http(method: str, url: str, body=None, content_type="application/json", headers=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", content_type)
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        payload = resp.read()
+    return json.loads(payload) if payload[:1] in (b"{", b"[") else payload.decode()
+
+
+class Processes:
+    """Started children, stopped (SIGTERM, then SIGKILL) in reverse order on every path."""
+
+    def __init__(self, workdir: pathlib.Path):
+        self.workdir = workdir
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], env=None) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "wb")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                env=dict(os.environ, **(env or {})), start_new_session=True)
+        self.children.append((name, proc))
+        return proc
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 30) -> int:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def check_alive(self):
+        for name, proc in self.children:
+            if proc.poll() is not None:
+                raise Failure(f"{name} exited early with {proc.returncode}; log:\n" + self.tail(name))
+
+    def tail(self, name: str, lines: int = 40) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop_all(self):
+        for _, proc in reversed(self.children):
+            self.stop(proc)
+
+
+def worker_args(binary: str, logdir: pathlib.Path, max_steps: int, metrics_port: int) -> list[str]:
+    sets = {
+        "model.preset": "tiny",
+        "device": "cpu",
+        "training.max_steps": str(max_steps),
+        "training.batch_size": "2",
+        "training.seq_len": "32",
+        "checkpoint.save_model_secs": "1",
+        "checkpoint.save_model_steps": "5",
+        "summaries.save_summaries_secs": "1",
+        "summaries.every_steps": "1",
+        "log.every_steps": "50",
+        "metrics_port": str(metrics_port),
+    }
+    argv = [binary, "train", "--logdir", str(logdir)]
+    for k, v in sets.items():
+        argv += ["--set", f"{k}={v}"]
+    return argv
+
+
+def exposition_types(text: str) -> dict[str, str]:
+    types = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(None, 3)
+            types[name] = kind.strip()
+    return types
+
+
+def check_contract(text: str, counters, gauges, histograms, who: str) -> list[str]:
+    types = exposition_types(text)
+    problems = []
+    for name in sorted(counters):
+        # The exposition format names a counter family with or without its _total suffix.
+        kind = types.get(name) or types.get(name.removesuffix("_total"))
+        if kind != "counter":
+            problems.append(f"{who}: {name} is {kind or 'missing'}, want counter")
+    for name in sorted(gauges):
+        if types.get(name) != "gauge":
+            problems.append(f"{who}: {name} is {types.get(name) or 'missing'}, want gauge")
+    for name in sorted(histograms):
+        if types.get(name) != "histogram":
+            problems.append(f"{who}: {name} is {types.get(name) or 'missing'}, want histogram")
+    return problems
+
+
+def promtool_check(promtool: str, text: str, who: str) -> list[str]:
+    result = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
+                            capture_output=True, timeout=60)
+    if result.returncode != 0:
+        out = (result.stdout + result.stderr).decode(errors="replace")
+        return [f"promtool check metrics on the {who} scrape failed:\n{out}"]
+    return []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", default=os.environ.get("LONGHAUL_WORKER"))
+    parser.add_argument("--operator", default=os.environ.get("LONGHAUL_OPERATOR"))
+    parser.add_argument("--fake-apiserver", default=os.environ.get("LONGHAUL_FAKE_APISERVER"))
+    parser.add_argument("--prometheus", default=shutil.which("prometheus"))
+    parser.add_argument("--promtool", default=shutil.which("promtool"))
+    parser.add_argument("--workdir", help="scratch folder (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    args = parser.parse_args()
+
+    if not args.prometheus or not args.promtool:
+        print("SKIPPED: prometheus/promtool not found; install the Debian package `prometheus` "
+              "(scripts/install-deps.sh should list it)")
+        return 77
+    missing = [f"--{n.replace('_', '-')}" for n in ("worker", "operator", "fake_apiserver")
+               if not getattr(args, n) or not os.access(getattr(args, n), os.X_OK)]
+    if missing:
+        print(f"FAILED: no executable given for {', '.join(missing)}", file=sys.stderr)
+        return 1
+
+    if args.workdir:
+        workdir = pathlib.Path(args.workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+    else:
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="longhaul-scrape-"))
+    procs = Processes(workdir)
+    problems: list[str] = []
+    try:
+        problems = run(args, workdir, procs)
+    except Failure as e:
+        problems = [str(e)]
+    finally:
+        procs.stop_all()
+        if problems:
+            for name, _ in procs.children:
+                print(f"---- {name}.log (tail) ----\n{procs.tail(name)}", file=sys.stderr)
+        if not args.keep and not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    for p in problems:
+        print("FAIL:", p, file=sys.stderr)
+    print(f"{0 if problems else 1} passed, {1 if problems else 0} failed")
+    return 1 if problems else 0
+
+
+def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
+    problems: list[str] = []
+    # ---- worker: a first run that checkpoints and finishes, then a resumed run to scrape.
+    logdir = workdir / "logdir"
+    first = subprocess.run(worker_args(args.worker, logdir, 12, 0), cwd=workdir,
+                           capture_output=True, timeout=300)
+    if first.returncode != 0:
+        raise Failure(f"first worker run exited {first.returncode}:\n"
+                      + (first.stdout + first.stderr).decode(errors="replace")[-3000:])
+    worker_port = free_port()
+    worker = procs.start("worker", worker_args(args.worker, logdir, 1_000_000, worker_port))
+
+    # ---- fake API server and operator.
+    kubeconfig = workdir / "kubeconfig"
+    procs.start("fake-apiserver", [args.fake_apiserver, "--port", "0",
+                                         "--kubeconfig-out", str(kubeconfig)])
+
+    def api_url_printed():
+        procs.check_alive()
+        return next((l.strip() for l in procs.tail("fake-apiserver", 50).splitlines()
+                     if l.startswith("http")), None)
+
+    api_url = wait_for("the fake API server to print its URL", api_url_printed)
+    wait_for("the kubeconfig", kubeconfig.exists)
+    metrics_port, health_port = free_port(), free_port()
+    procs.start("operator", [args.operator, "--kubeconfig", str(kubeconfig),
+                             "--leader-elect", "--lease-name", "longhaul-scrape-test",
+                             "--lease-namespace", NAMESPACE,
+                             "--metrics-port", str(metrics_port),
+                             "--health-port", str(health_port)])
+    wait_for("operator /readyz", lambda: (procs.check_alive(),
+             http("GET", f"http://127.0.0.1:{health_port}/readyz") is not None)[1])
+
+    # ---- a TrainingJob whose pods the operator creates (nothing runs them: no kubelet).
+    job = {
+        "apiVersion": "longhaul.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": JOB, "namespace": NAMESPACE},
+        "spec": {"replicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
+            "containers": [{"name": "worker", "image": "longhaul-worker:test"}]}}}},
+                 "logdir": {"size": "1Gi"}},
+    }
+    http("POST", f"{api_url}/apis/longhaul.dev/v1alpha1/namespaces/{NAMESPACE}/trainingjobs", job)
+    pods_url = f"{api_url}/api/v1/namespaces/{NAMESPACE}/pods"
+    selector = urllib.parse.quote(f"longhaul.dev/job-name={JOB}")
+    pods = wait_for("the operator to create the job's pods",
+                    lambda: [p for p in http("GET", f"{pods_url}?labelSelector={selector}")["items"]
+                             if not p["metadata"].get("deletionTimestamp")])
+    victim = sorted(p["metadata"]["name"] for p in pods)[0]
+    # Preempt one pod the way the kubelet reports it: Failed with a DisruptionTarget condition.
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status_patch = {"status": {
+        "phase": "Failed", "reason": "Preempted",
+        "conditions": [{"type": "DisruptionTarget", "status": "True",
+                        "reason": "PreemptionByScheduler", "lastTransitionTime": now,
+                        "message": "preempted by the scrape test"}],
+        "containerStatuses": [{"name": "worker", "ready": False, "restartCount": 0,
+                               "image": "longhaul-worker:test", "imageID": "",
+                               "state": {"terminated": {"exitCode": 143, "reason": "Error",
+                                                        "finishedAt": now}}}]}}
+    http("PATCH", f"{pods_url}/{victim}/status", status_patch,
+         content_type="application/merge-patch+json")
+
+    # ---- Prometheus on loopback, scraping both every second.
+    prom_port = free_port()
+    config = workdir / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "longhaul-worker",
+             "static_configs": [{"targets": [f"127.0.0.1:{worker_port}"],
+                                 "labels": {"namespace": NAMESPACE, "trainingjob": JOB,
+                                            "replica_type": "worker"}}]},
+            {"job_name": "longhaul-operator",
+             "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"],
+                                 "labels": {"namespace": "longhaul-system"}}]},
+        ]}))
+    promtool_config = subprocess.run([args.promtool, "check", "config", str(config)],
+                                     capture_output=True)
+    if promtool_config.returncode != 0:
+        raise Failure("promtool check config: " + promtool_config.stdout.decode()
+                      + promtool_config.stderr.decode())
+    procs.start("prometheus", [args.prometheus, f"--config.file={config}",
+                               f"--storage.tsdb.path={workdir / 'tsdb'}",
+                               f"--web.listen-address=127.0.0.1:{prom_port}",
+                               "--storage.tsdb.retention.time=1h"])
+    prom = f"http://127.0.0.1:{prom_port}"
+
+    def query(expr: str) -> list:
+        answer = http("GET", f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        if answer.get("status") != "success":
+            raise Failure(f"Prometheus rejected {expr!r}: {answer}")
+        return answer["data"]["result"]
+
+    def both_up():
+        procs.check_alive()
+        return len([r for r in query("up == 1")]) == 2
+
+    wait_for("Prometheus to scrape both targets", both_up)
+
+    # ---- the naming contract and promtool on the raw scrapes.
+    worker_text = http("GET", f"http://127.0.0.1:{worker_port}/metrics")
+    operator_text = http("GET", f"http://127.0.0.1:{metrics_port}/metrics")
+    (workdir / "worker.metrics").write_text(worker_text)
+    (workdir / "operator.metrics").write_text(operator_text)
+    problems += check_contract(worker_text, dq.WORKER_COUNTERS, dq.WORKER_GAUGES,
+                               dq.WORKER_HISTOGRAMS, "worker")
+    problems += check_contract(operator_text, dq.OPERATOR_COUNTERS, dq.OPERATOR_GAUGES,
+                               dq.OPERATOR_HISTOGRAMS, "operator")
+    problems += promtool_check(args.promtool, worker_text, "worker")
+    problems += promtool_check(args.promtool, operator_text, "operator")
+
+    # ---- every dashboard query returns data (waiting for the rates and histograms to fill).
+    queries = dq.queries(dq.load_dashboards())
+    pending = {q: dq.substitute(q.expr, range_="5m", rate_interval="10s") for q in queries}
+    empty: dict[dq.Query, str] = {}
+
+    def all_answer():
+        procs.check_alive()
+        for q, expr in list(pending.items()):
+            if q.is_variable:
+                inner = dq._LABEL_VALUES.match(expr)
+                result = query(inner.group(1) if inner else expr)
+                ok = any(inner is None or inner.group(2) in r["metric"] for r in result)
+            else:
+                ok = bool(query(expr))
+            if ok:
+                del pending[q]
+        return not pending
+
+    try:
+        wait_for("every dashboard query to return data", all_answer, timeout=90, interval=1)
+    except Failure:
+        empty = dict(pending)
+    for q, expr in empty.items():
+        problems.append(f"{q.dashboard} / {q.where}: no data for {expr}")
+    print(f"dashboard queries: {len(queries) - len(empty)} of {len(queries)} returned data")
+
+    code = procs.stop(worker)
+    if code not in (0, 143):
+        problems.append(f"the scraped worker exited {code} on SIGTERM (want 143 or 0)")
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())
