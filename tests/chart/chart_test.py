@@ -266,6 +266,14 @@ def test_leader_election_off_drops_the_lease_role_and_flags():
     assert not [o for o in by_kind(objects, "Role") if "leases" in json.dumps(o)]
 
 
+def test_several_replicas_without_leader_election_are_refused():
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError, match="leaderElection"):
+            chart.render(values={"replicaCount": 2,
+                                 "operator": {"leaderElection": {"enabled": False}}},
+                         name=RELEASE, namespace=NAMESPACE)
+
+
 def test_security_context_is_locked_down(case):
     _, _, objects = case
     spec = one(objects, "Deployment")["spec"]["template"]["spec"]
