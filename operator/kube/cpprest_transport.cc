@@ -1,0 +1,178 @@
+// cpprestsdk adapter: every cpprestsdk and Boost type and exception ends here.
+#include "longhaul/kube/cpprest_transport.h"
+
+#include <atomic>
+#include <cctype>
+#include <mutex>
+
+#include <boost/asio/ssl.hpp>
+#include <cpprest/containerstream.h>
+#include <cpprest/http_client.h>
+
+#include "longhaul/base/error.h"
+
+namespace longhaul::kube {
+
+namespace http = web::http;
+namespace client = web::http::client;
+
+std::optional<std::string> find_header(const HttpHeaders& headers, std::string_view name) {
+  for (const auto& [key, value] : headers) {
+    if (key.size() == name.size() &&
+        std::equal(key.begin(), key.end(), name.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) ==
+                 std::tolower(static_cast<unsigned char>(b));
+        })) {
+      return value;
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+client::http_client_config make_config(const CpprestTransportOptions& options,
+                                       std::chrono::seconds timeout) {
+  client::http_client_config config;
+  config.set_timeout(timeout);
+  config.set_validate_certificates(!options.tls.insecure_skip_tls_verify);
+  TlsOptions tls = options.tls;
+  config.set_ssl_context_callback([tls](boost::asio::ssl::context& ctx) {
+    // Runs on cpprestsdk's connection thread; errors surface as a failed request.
+    if (!tls.ca_file.empty()) ctx.load_verify_file(tls.ca_file);
+    if (!tls.ca_pem.empty()) ctx.add_certificate_authority(boost::asio::buffer(tls.ca_pem));
+    if (!tls.client_cert_file.empty()) ctx.use_certificate_chain_file(tls.client_cert_file);
+    if (!tls.client_cert_pem.empty())
+      ctx.use_certificate_chain(boost::asio::buffer(tls.client_cert_pem));
+    if (!tls.client_key_file.empty())
+      ctx.use_private_key_file(tls.client_key_file, boost::asio::ssl::context::pem);
+    if (!tls.client_key_pem.empty())
+      ctx.use_private_key(boost::asio::buffer(tls.client_key_pem), boost::asio::ssl::context::pem);
+  });
+  return config;
+}
+
+http::http_request make_request(const HttpRequest& request) {
+  http::http_request req(http::method(request.method));
+  req.set_request_uri(web::uri(request.target));
+  std::string content_type;
+  for (const auto& [name, value] : request.headers) {
+    req.headers().add(name, value);
+    if (name == "Content-Type") content_type = value;
+  }
+  if (!request.body.empty()) {
+    req.set_body(request.body, content_type.empty() ? "application/json" : content_type);
+  }
+  return req;
+}
+
+HttpHeaders copy_headers(const http::http_headers& headers) {
+  HttpHeaders out;
+  for (const auto& [name, value] : headers) out.emplace_back(name, value);
+  return out;
+}
+
+[[noreturn]] void throw_network(const std::string& server, const HttpRequest& request,
+                                const std::string& what) {
+  throw Unavailable("HTTP " + request.method + " " + server + request.target + " failed: " + what +
+                    " (is the API server reachable?)");
+}
+
+client::http_client make_client(const CpprestTransportOptions& options,
+                                std::chrono::seconds timeout) {
+  try {
+    return client::http_client(web::uri(options.server), make_config(options, timeout));
+  } catch (const std::exception& e) {
+    throw InvalidArgument("API server URL '" + options.server + "' is not usable: " + e.what() +
+                          " (expected https://host:port)");
+  }
+}
+
+class CpprestStream : public HttpStream {
+ public:
+  CpprestStream(client::http_client client, http::http_response response,
+                pplx::cancellation_token_source cancel)
+      : client_(std::move(client)),
+        response_(std::move(response)),
+        cancel_(std::move(cancel)),
+        headers_(copy_headers(response_.headers())) {}
+
+  ~CpprestStream() override { cancel(); }
+
+  int status() const override { return response_.status_code(); }
+  const HttpHeaders& headers() const override { return headers_; }
+
+  std::optional<std::string> read_line() override {
+    if (cancelled_.load()) return std::nullopt;
+    auto body = response_.body();
+    concurrency::streams::container_buffer<std::string> line;
+    try {
+      size_t n = body.read_line(line).get();
+      if (n == 0 && line.collection().empty() && body.is_eof()) return std::nullopt;
+    } catch (const std::exception& e) {
+      if (cancelled_.load()) return std::nullopt;
+      throw Unavailable(std::string("watch stream broke: ") + e.what());
+    }
+    if (cancelled_.load()) return std::nullopt;
+    std::string text = std::move(line.collection());
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    return text;
+  }
+
+  void cancel() override {
+    if (!cancelled_.exchange(true)) cancel_.cancel();
+  }
+
+ private:
+  client::http_client client_;  // keeps the connection pool alive while streaming
+  http::http_response response_;
+  pplx::cancellation_token_source cancel_;
+  HttpHeaders headers_;
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace
+
+struct CpprestTransport::Impl {
+  CpprestTransportOptions options;
+  client::http_client client;
+};
+
+CpprestTransport::CpprestTransport(CpprestTransportOptions options)
+    : impl_(new Impl{options, make_client(options, options.request_timeout)}) {}
+
+CpprestTransport::~CpprestTransport() = default;
+
+HttpResponse CpprestTransport::request(const HttpRequest& request) {
+  try {
+    http::http_response response = impl_->client.request(make_request(request)).get();
+    HttpResponse out;
+    out.status = response.status_code();
+    out.headers = copy_headers(response.headers());
+    out.body = response.extract_utf8string(true).get();
+    return out;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw_network(impl_->options.server, request, e.what());
+  }
+}
+
+std::unique_ptr<HttpStream> CpprestTransport::stream(const HttpRequest& request,
+                                                     std::chrono::seconds idle_timeout) {
+  // A client of its own: cpprestsdk's timeout is per client, and a watch outlives the default.
+  client::http_client watch_client = make_client(impl_->options, idle_timeout);
+  pplx::cancellation_token_source cancel;
+  try {
+    http::http_response response =
+        watch_client.request(make_request(request), cancel.get_token()).get();
+    return std::make_unique<CpprestStream>(std::move(watch_client), std::move(response),
+                                           std::move(cancel));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw_network(impl_->options.server, request, e.what());
+  }
+}
+
+}  // namespace longhaul::kube

@@ -1,0 +1,62 @@
+// The project's own small HTTP interface. HttpClient speaks Kubernetes over it; the production
+// implementation is CpprestTransport (cpprest_transport.h), and tests may plug in anything that
+// speaks HTTP. Keeping cpprestsdk behind this seam lets it be swapped without touching callers.
+//
+// Thread-safety: HttpTransport::request/stream are safe to call concurrently. An HttpStream is
+// read by one thread; cancel() may be called from any thread at any time.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace longhaul::kube {
+
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+// Case-insensitive header lookup; nullopt when absent.
+std::optional<std::string> find_header(const HttpHeaders& headers, std::string_view name);
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", "PUT", "PATCH", "DELETE"
+  std::string target;  // path plus already-encoded query: "/api/v1/pods?labelSelector=a%3Db"
+  HttpHeaders headers;
+  std::string body;  // sent only when non-empty
+};
+
+struct HttpResponse {
+  int status = 0;
+  HttpHeaders headers;
+  std::string body;
+};
+
+// A response whose body is read as it arrives (watch streams). Headers have already arrived.
+class HttpStream {
+ public:
+  virtual ~HttpStream() = default;
+  virtual int status() const = 0;
+  virtual const HttpHeaders& headers() const = 0;
+  // The next line of the body without its line terminator. nullopt when the body ended or after
+  // cancel(). Throws Unavailable when the connection fails or stays idle past the idle timeout.
+  virtual std::optional<std::string> read_line() = 0;
+  // Aborts the stream: a read_line() blocked in another thread returns nullopt promptly.
+  virtual void cancel() = 0;
+};
+
+class HttpTransport {
+ public:
+  virtual ~HttpTransport() = default;
+  // Sends one request and returns whatever status the server answered. Throws Unavailable on
+  // network failures (refused, reset, TLS failure, no answer within the transport's timeout).
+  virtual HttpResponse request(const HttpRequest& request) = 0;
+  // Sends a request and returns as soon as the response headers arrive. `idle_timeout` bounds
+  // the silence between two pieces of the body. Throws like request().
+  virtual std::unique_ptr<HttpStream> stream(const HttpRequest& request,
+                                             std::chrono::seconds idle_timeout) = 0;
+};
+
+}  // namespace longhaul::kube
