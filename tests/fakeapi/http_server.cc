@@ -1,0 +1,516 @@
+#include "http_server.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <longhaul/base/error.h>
+#include <longhaul/base/log.h>
+
+namespace longhaul::fakeapi::http {
+namespace {
+
+constexpr size_t kMaxHeaderBytes = 1 << 20;
+constexpr size_t kMaxBodyBytes = 64 << 20;
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+std::string Request::header(const std::string& lower_name) const {
+  auto it = headers.find(lower_name);
+  return it == headers.end() ? std::string() : it->second;
+}
+
+std::string Request::param(const std::string& name) const {
+  auto it = params.find(name);
+  return it == params.end() ? std::string() : it->second;
+}
+
+std::string url_decode(std::string_view s, bool plus_is_space) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2])));
+      i += 2;
+    } else if (s[i] == '+' && plus_is_space) {
+      out.push_back(' ');
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+std::string reason_phrase(int status) {
+  switch (status) {
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 406:
+      return "Not Acceptable";
+    case 409:
+      return "Conflict";
+    case 410:
+      return "Gone";
+    case 413:
+      return "Request Entity Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Status " + std::to_string(status);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection
+
+Connection::~Connection() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+}
+
+bool Connection::send_raw(std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      broken_ = true;
+      return false;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+bool Connection::flush_tls() {
+  BIO* wbio = SSL_get_wbio(ssl_);
+  char buf[16384];
+  while (BIO_ctrl_pending(wbio) > 0) {
+    int n = BIO_read(wbio, buf, sizeof(buf));
+    if (n <= 0) break;
+    if (!send_raw(std::string_view(buf, static_cast<size_t>(n)))) return false;
+  }
+  return true;
+}
+
+bool Connection::send_bytes(std::string_view data) {
+  if (broken_) return false;
+  if (ssl_ == nullptr) return send_raw(data);
+  while (!data.empty()) {
+    int n = SSL_write(ssl_, data.data(), static_cast<int>(std::min<size_t>(data.size(), 1 << 20)));
+    if (n <= 0) {
+      broken_ = true;
+      return false;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+    if (!flush_tls()) return false;
+  }
+  return true;
+}
+
+Connection::ReadStatus Connection::read_once() {
+  char buf[16384];
+  ssize_t n;
+  do {
+    n = ::recv(fd_, buf, sizeof(buf), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return ReadStatus::kEof;
+  if (ssl_ == nullptr) {
+    in_.append(buf, static_cast<size_t>(n));
+    return ReadStatus::kData;
+  }
+  BIO_write(SSL_get_rbio(ssl_), buf, static_cast<int>(n));
+  bool got = false;
+  for (;;) {
+    int m = SSL_read(ssl_, buf, sizeof(buf));
+    if (m > 0) {
+      in_.append(buf, static_cast<size_t>(m));
+      got = true;
+      continue;
+    }
+    int err = SSL_get_error(ssl_, m);
+    if (!flush_tls()) return ReadStatus::kEof;  // e.g. a renegotiation/key update answer
+    if (err == SSL_ERROR_WANT_READ) break;
+    return got ? ReadStatus::kData : ReadStatus::kEof;  // close_notify or a protocol error
+  }
+  return got ? ReadStatus::kData : ReadStatus::kNoData;
+}
+
+bool Connection::fill() {
+  for (;;) {
+    ReadStatus status = read_once();
+    if (status == ReadStatus::kData) return true;
+    if (status == ReadStatus::kEof) return false;
+  }
+}
+
+bool Connection::handshake() {
+  if (ssl_ == nullptr) return true;
+  SSL_set_bio(ssl_, BIO_new(BIO_s_mem()), BIO_new(BIO_s_mem()));
+  SSL_set_accept_state(ssl_);
+  char buf[16384];
+  for (;;) {
+    int r = SSL_do_handshake(ssl_);
+    if (!flush_tls()) return false;
+    if (r == 1) return true;
+    if (SSL_get_error(ssl_, r) != SSL_ERROR_WANT_READ) {
+      ERR_clear_error();
+      return false;
+    }
+    ssize_t n;
+    do {
+      n = ::recv(fd_, buf, sizeof(buf), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return false;
+    BIO_write(SSL_get_rbio(ssl_), buf, static_cast<int>(n));
+  }
+}
+
+bool Connection::read_chunked_body(std::string& body) {
+  for (;;) {
+    size_t eol;
+    while ((eol = in_.find("\r\n")) == std::string::npos) {
+      if (!fill()) return false;
+    }
+    size_t size = std::strtoul(in_.substr(0, eol).c_str(), nullptr, 16);
+    in_.erase(0, eol + 2);
+    if (size == 0) {
+      // Trailers (ignored) end with an empty line.
+      for (;;) {
+        while ((eol = in_.find("\r\n")) == std::string::npos) {
+          if (!fill()) return false;
+        }
+        bool empty = eol == 0;
+        in_.erase(0, eol + 2);
+        if (empty) return true;
+      }
+    }
+    if (body.size() + size > kMaxBodyBytes) return false;
+    while (in_.size() < size + 2) {
+      if (!fill()) return false;
+    }
+    body.append(in_, 0, size);
+    in_.erase(0, size + 2);
+  }
+}
+
+bool Connection::read_request(Request& request) {
+  size_t end;
+  while ((end = in_.find("\r\n\r\n")) == std::string::npos) {
+    if (in_.size() > kMaxHeaderBytes) {
+      send_response(431, {{"Content-Type", "text/plain"}}, "request headers too large\n");
+      return false;
+    }
+    if (!fill()) return false;
+  }
+  std::string_view head(in_.data(), end);
+  size_t line_end = head.find("\r\n");
+  std::string_view request_line = head.substr(0, line_end);
+  size_t sp1 = request_line.find(' ');
+  size_t sp2 = request_line.rfind(' ');
+  if (sp1 == std::string_view::npos || sp2 == sp1) {
+    send_response(400, {{"Content-Type", "text/plain"}}, "malformed request line\n");
+    return false;
+  }
+  request = Request();
+  request.method = std::string(request_line.substr(0, sp1));
+  request.target = std::string(request_line.substr(sp1 + 1, sp2 - sp1 - 1));
+  std::string version(request_line.substr(sp2 + 1));
+  size_t pos = line_end == std::string_view::npos ? head.size() : line_end + 2;
+  while (pos < head.size()) {
+    size_t next = head.find("\r\n", pos);
+    if (next == std::string_view::npos) next = head.size();
+    std::string_view line = head.substr(pos, next - pos);
+    size_t colon = line.find(':');
+    if (colon != std::string_view::npos) {
+      request.headers[lower(trim(line.substr(0, colon)))] =
+          std::string(trim(line.substr(colon + 1)));
+    }
+    pos = next + 2;
+  }
+  in_.erase(0, end + 4);
+
+  size_t q = request.target.find('?');
+  request.path = url_decode(request.target.substr(0, q), false);
+  if (q != std::string::npos) {
+    request.query = request.target.substr(q + 1);
+    std::string_view query = request.query;
+    while (!query.empty()) {
+      size_t amp = query.find('&');
+      std::string_view pair = query.substr(0, amp);
+      size_t eq = pair.find('=');
+      std::string key = url_decode(pair.substr(0, eq), true);
+      std::string value = eq == std::string_view::npos ? "" : url_decode(pair.substr(eq + 1), true);
+      if (!key.empty()) request.params[key] = value;
+      if (amp == std::string_view::npos) break;
+      query.remove_prefix(amp + 1);
+    }
+  }
+
+  std::string connection = lower(request.header("connection"));
+  keep_alive_ = version == "HTTP/1.1" ? connection.find("close") == std::string::npos
+                                      : connection.find("keep-alive") != std::string::npos;
+  if (lower(request.header("expect")) == "100-continue") {
+    if (!send_bytes("HTTP/1.1 100 Continue\r\n\r\n")) return false;
+  }
+  if (lower(request.header("transfer-encoding")).find("chunked") != std::string::npos) {
+    if (!read_chunked_body(request.body)) return false;
+  } else if (std::string length = request.header("content-length"); !length.empty()) {
+    size_t n = std::strtoull(length.c_str(), nullptr, 10);
+    if (n > kMaxBodyBytes) {
+      send_response(413, {{"Content-Type", "text/plain"}}, "request body too large\n");
+      return false;
+    }
+    while (in_.size() < n) {
+      if (!fill()) return false;
+    }
+    request.body = in_.substr(0, n);
+    in_.erase(0, n);
+  }
+  return true;
+}
+
+bool Connection::send_response(int status, const Headers& headers, std::string_view body) {
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+  for (const auto& [name, value] : headers) out += name + ": " + value + "\r\n";
+  out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  if (!keep_alive_) out += "Connection: close\r\n";
+  out += "\r\n";
+  out.append(body);
+  return send_bytes(out);
+}
+
+bool Connection::begin_chunked(int status, const Headers& headers) {
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+  for (const auto& [name, value] : headers) out += name + ": " + value + "\r\n";
+  out += "Transfer-Encoding: chunked\r\n";
+  if (!keep_alive_) out += "Connection: close\r\n";
+  out += "\r\n";
+  return send_bytes(out);
+}
+
+bool Connection::write_chunk(std::string_view data) {
+  if (data.empty()) return true;
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  std::string out(size);
+  out.append(data);
+  out += "\r\n";
+  return send_bytes(out);
+}
+
+bool Connection::end_chunked() { return send_bytes("0\r\n\r\n"); }
+
+Connection::WaitResult Connection::wait(int wake_fd,
+                                        std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return WaitResult::kTimeout;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    int r = ::poll(fds, 2, static_cast<int>(std::min<long long>(ms, 1 << 30)));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      broken_ = true;
+      return WaitResult::kClientClosed;
+    }
+    if (fds[1].revents & POLLIN) return WaitResult::kWoken;
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if (read_once() == ReadStatus::kEof) {
+        broken_ = true;
+        return WaitResult::kClientClosed;
+      }
+    }
+  }
+}
+
+void Connection::abort() {
+  broken_ = true;
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+Server::Server(Handler handler, SSL_CTX* tls) : handler_(std::move(handler)), tls_(tls) {}
+
+Server::~Server() { stop(); }
+
+void Server::start(const std::string& address, int port) {
+  stopping_ = false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  std::string ip = address == "localhost" ? "127.0.0.1" : address;
+  if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
+    throw InvalidArgument("fake API server: bind address '" + address +
+                          "' is not an IPv4 address; use e.g. 127.0.0.1 or 0.0.0.0");
+  }
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) throw_errno("fake API server: cannot create a socket", address, errno);
+  int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(listen_fd_, 128) != 0) {
+    int err = errno;
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    throw Unavailable("fake API server: cannot listen on " + address + ":" + std::to_string(port) +
+                      ": " + std::strerror(err) + "; choose another --port (0 picks a free one)");
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  running_ = true;
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+void Server::accept_loop() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (stopping_) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
+        if (errno == EMFILE || errno == ENFILE) {
+          LH_LOG(WARNING) << "fake API server: out of file descriptors while accepting";
+        }
+        continue;
+      }
+      return;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    reap_finished();
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t id = next_id_++;
+    auto& slot = connections_[id];
+    slot.first = fd;
+    slot.second = std::thread([this, id, fd] { serve(id, fd); });
+  }
+}
+
+void Server::serve(uint64_t id, int fd) {
+  SSL* ssl = tls_ != nullptr ? SSL_new(tls_) : nullptr;
+  {
+    Connection connection(fd, ssl);
+    try {
+      if (connection.handshake()) {
+        Request request;
+        while (!stopping_ && connection.read_request(request)) {
+          handler_(request, connection);
+          if (!connection.keep_alive()) break;
+        }
+      }
+    } catch (const std::exception& e) {
+      LH_LOG(ERROR) << "fake API server: connection handler failed: " << e.what();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = connections_.find(id);
+  if (it != connections_.end()) {
+    it->second.first = -1;
+    finished_.push_back(id);
+  }
+  ::close(fd);
+}
+
+void Server::reap_finished() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : finished_) {
+      auto it = connections_.find(id);
+      if (it != connections_.end()) {
+        done.push_back(std::move(it->second.second));
+        connections_.erase(it);
+      }
+    }
+    finished_.clear();
+  }
+  for (std::thread& t : done) t.join();
+}
+
+void Server::stop() {
+  if (!running_) return;
+  stopping_ = true;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, slot] : connections_) {
+      if (slot.first >= 0) ::shutdown(slot.first, SHUT_RDWR);
+      threads.push_back(std::move(slot.second));
+    }
+    connections_.clear();
+    finished_.clear();
+  }
+  for (std::thread& t : threads) {
+    if (t.joinable()) t.join();
+  }
+  running_ = false;
+}
+
+}  // namespace longhaul::fakeapi::http

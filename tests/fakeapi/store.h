@@ -1,0 +1,180 @@
+// The fake API server's object store: every Kubernetes semantic that does not depend on HTTP
+// (resourceVersion, generation, status subresource isolation, conflicts, patches, graceful and
+// finalizer-blocked deletion, ownerReference garbage collection, the bounded event history and
+// watchers). The HTTP front end (server.cc) and the direct test API both call it.
+//
+// Thread-safety: every public member takes mu_; watchers are fed under mu_, so a watch that is
+// registered while a write commits sees the event exactly once (replay or live). Watcher queues
+// have their own mutex so a streaming thread drains them without the store lock.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "longhaul/fakeapi/server.h"
+#include "selector.h"
+
+namespace longhaul::fakeapi {
+
+// Wakes wait_for() callers on any store change or answered request.
+class ChangeNotifier {
+ public:
+  void bump();
+  uint64_t sequence() const;
+  // Waits until the sequence differs from `seen` or the deadline passes.
+  void wait_change(uint64_t seen, std::chrono::steady_clock::time_point deadline) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  uint64_t sequence_ = 0;  // guarded by mu_
+};
+
+// One open watch: the store appends serialized event lines; the streaming thread drains them.
+class Watcher {
+ public:
+  Watcher(const ResourceType& type, std::string ns, LabelSelector labels, FieldSelector fields,
+          size_t max_queue);
+  ~Watcher();
+  Watcher(const Watcher&) = delete;
+  Watcher& operator=(const Watcher&) = delete;
+
+  const ResourceType& type() const { return type_; }
+  bool matches(const json& view) const;  // namespace, labels, fields of a selector view
+  int wake_fd() const { return wake_fd_; }
+
+  void push(std::string line);
+  void request_drop(DropMode mode);
+  // Drains queued lines; `drop` is set when drop_watches() asked to end the stream, `overflow`
+  // when the client read too slowly.
+  struct Batch {
+    std::vector<std::string> lines;
+    std::optional<DropMode> drop;
+    bool overflow = false;
+  };
+  Batch take();
+
+ private:
+  const ResourceType type_;
+  const std::string ns_;
+  const LabelSelector labels_;
+  const FieldSelector fields_;
+  const size_t max_queue_;
+  int wake_fd_;
+  std::mutex mu_;  // guards the fields below
+  std::deque<std::string> lines_;
+  std::optional<DropMode> drop_;
+  bool overflow_ = false;
+};
+
+struct ListResult {
+  std::vector<json> items;
+  uint64_t resource_version = 0;
+  std::string continue_token;
+  std::optional<int64_t> remaining_item_count;
+};
+
+class Store {
+ public:
+  Store(const Options& options, ChangeNotifier& notifier);
+
+  void register_type(const ResourceType& type);
+  // By plural or type id; throws StatusError 404 for unknown names.
+  ResourceType resolve(std::string_view name) const;
+  std::optional<ResourceType> find(std::string_view group, std::string_view version,
+                                   std::string_view plural) const;
+  std::vector<ResourceType> types() const;
+
+  json get(const ResourceType& type, const std::string& ns, const std::string& name) const;
+  ListResult list(const ResourceType& type, const std::string& ns, const LabelSelector& labels,
+                  const FieldSelector& fields, size_t limit, const std::string& continue_token,
+                  const std::string& resource_version, const std::string& resource_version_match);
+  json create(const ResourceType& type, const std::string& ns, json object);
+  json update(const ResourceType& type, const std::string& ns, const std::string& name, json object,
+              bool status_subresource);
+  json patch(const ResourceType& type, const std::string& ns, const std::string& name,
+             const json& patch, PatchType patch_type, bool status_subresource);
+  json remove(const ResourceType& type, const std::string& ns, const std::string& name,
+              const DeleteOptions& options);
+  // pods/binding: assigns spec.nodeName once.
+  void bind_pod(const std::string& ns, const std::string& name, const std::string& node);
+  // pods/eviction: DisruptionTarget condition, then a graceful delete.
+  void evict_pod(const std::string& ns, const std::string& name, const DeleteOptions& options);
+
+  uint64_t resource_version() const;
+  void expire_history();
+
+  // Opens a watch. resource_version "" or "0": synthetic ADDED events for every current object
+  // first; otherwise the history after that version is replayed. Throws StatusError 410 Expired
+  // when the version is older than the history.
+  std::shared_ptr<Watcher> watch(const ResourceType& type, const std::string& ns,
+                                 LabelSelector labels, FieldSelector fields,
+                                 const std::string& resource_version);
+  void unwatch(const std::shared_ptr<Watcher>& watcher);
+  // Queues a BOOKMARK at the current resourceVersion behind every event already queued.
+  void bookmark(Watcher& watcher);
+  void drop_watches(DropMode mode);
+  size_t watch_count() const;
+
+ private:
+  using Key = std::pair<std::string, std::string>;  // (namespace, name)
+  enum class EventType { kAdded, kModified, kDeleted };
+  struct Event {
+    uint64_t resource_version;
+    std::string type_id;
+    EventType type;
+    json view;           // selector view of the object after the event
+    json previous_view;  // before the event (null for ADDED)
+    std::shared_ptr<const std::string> serialized;
+  };
+
+  const ResourceType& type_locked(const ResourceType& type) const;
+  std::map<Key, json>& objects_of(const ResourceType& type);
+  json* find_locked(const ResourceType& type, const std::string& ns, const std::string& name);
+  json update_locked(const ResourceType& type, const std::string& ns, const std::string& name,
+                     const json& existing, json candidate, bool status_only);
+  json remove_locked(const ResourceType& type, const std::string& ns, const std::string& name,
+                     const DeleteOptions& options);
+  json remove_now_locked(const ResourceType& type, const Key& key, json object,
+                         const json& previous);
+  void collect_garbage_locked(const json& removed);
+  void orphan_dependents_locked(const std::string& owner_uid);
+  void strip_owner_locked(const ResourceType& type, const Key& key, const std::string& owner_uid);
+  std::vector<std::tuple<ResourceType, Key>> dependents_locked(const std::string& owner_uid);
+  void commit_locked(const ResourceType& type, EventType event_type, const json& object,
+                     const json* previous);
+  void deliver_locked(Watcher& watcher, const Event& event) const;
+  uint64_t next_resource_version_locked();
+  std::string generate_name_locked(const std::string& prefix);
+  std::string new_uid_locked();
+
+  const Options options_;
+  ChangeNotifier& notifier_;
+  mutable std::mutex mu_;                                                // guards every field below
+  std::map<std::string, ResourceType> types_;                            // type id -> type
+  std::map<std::string, std::map<Key, json>> objects_;                   // type id -> objects
+  std::unordered_map<std::string, std::pair<std::string, Key>> by_uid_;  // uid -> (type id, key)
+  uint64_t resource_version_ = 0;
+  uint64_t oldest_watchable_ = 0;  // a watch from a version below this gets 410
+  std::deque<Event> history_;
+  std::vector<std::shared_ptr<Watcher>> watchers_;
+  std::mt19937_64 random_;
+};
+
+std::string base64(const std::string& bytes);
+std::string now_rfc3339(std::chrono::seconds offset = std::chrono::seconds(0));
+// Copies of the fields selectors look at (metadata.name/namespace/labels, pod fields, ...).
+json selector_view(const json& object);
+
+}  // namespace longhaul::fakeapi
