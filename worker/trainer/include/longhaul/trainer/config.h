@@ -51,7 +51,7 @@ struct CheckpointConfigSection {
   int max_to_keep = 5;           // 0 keeps all
   double keep_checkpoint_every_n_hours = 10000;
   std::string init_from;  // pre-trained safetensors file (used only without a checkpoint)
-  std::map<std::string, std::string> init_name_map;  // our tensor name -> name in init_from
+  std::map<std::string, std::string> init_name_map;  // name in init_from -> our parameter name
 };
 
 struct SummariesConfigSection {

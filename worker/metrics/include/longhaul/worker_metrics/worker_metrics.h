@@ -1,0 +1,87 @@
+// Prometheus metrics of one worker replica: one registry and (optionally) one exposer made at
+// start-up, families built once, children cached. Every metric carries the constant label
+// `rank`. Names are the project's fixed set (dashboards depend on them):
+//   longhaul_train_global_step (gauge), longhaul_train_steps_total, longhaul_train_tokens_total,
+//   longhaul_train_step_duration_seconds (histogram), longhaul_train_loss,
+//   longhaul_train_learning_rate, longhaul_train_grad_norm, longhaul_train_tokens_per_second,
+//   longhaul_checkpoint_last_step, longhaul_checkpoint_last_timestamp_seconds,
+//   longhaul_checkpoint_last_bytes (gauges), longhaul_checkpoint_duration_seconds (histogram of
+//   write time), longhaul_checkpoint_stall_seconds (histogram of training-loop blocking),
+//   longhaul_checkpoint_written_bytes_total, longhaul_checkpoint_saves_total,
+//   longhaul_checkpoint_restores_total, longhaul_worker_is_chief,
+//   longhaul_worker_build_info{version,backend} = 1.
+//
+// WorkerMetrics is also a supervisor::CheckpointListener: give it to SupervisorOptions and the
+// checkpoint_* metrics follow every save and restore.
+//
+// Thread-safety: all methods are thread-safe (prometheus-cpp metrics are atomic); on_saved runs
+// on the checkpoint writer thread while on_step runs on the training thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "longhaul/supervisor/checkpoint.h"
+
+namespace prometheus {
+class Registry;
+class Exposer;
+class Gauge;
+class Counter;
+class Histogram;
+}  // namespace prometheus
+
+namespace longhaul::worker_metrics {
+
+class WorkerMetrics : public supervisor::CheckpointListener {
+ public:
+  WorkerMetrics(int rank, bool is_chief, const std::string& version, const std::string& backend);
+  ~WorkerMetrics() override;
+  WorkerMetrics(const WorkerMetrics&) = delete;
+  WorkerMetrics& operator=(const WorkerMetrics&) = delete;
+
+  // Serves GET /metrics on 0.0.0.0:<port> until destruction. port 0 is not allowed here (the
+  // caller skips serve() to disable the exposer). Throws Unavailable naming the port when it
+  // cannot be bound.
+  void serve(int port);
+  // The port actually bound, or 0 when not serving.
+  int port() const;
+
+  // After one optimizer step.
+  void on_step(int64_t step, double loss, double learning_rate, double grad_norm, int64_t tokens,
+               double seconds);
+  // The session started at `step` (restored or initialised).
+  void set_global_step(int64_t step);
+
+  // supervisor::CheckpointListener
+  void on_saved(const supervisor::CheckpointStats& stats) override;
+  void on_restored(int64_t step) override;
+
+  // The Prometheus text exposition of every metric (what /metrics serves).
+  std::string text() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Gauge* global_step_;
+  prometheus::Counter* steps_total_;
+  prometheus::Counter* tokens_total_;
+  prometheus::Histogram* step_duration_;
+  prometheus::Gauge* loss_;
+  prometheus::Gauge* learning_rate_;
+  prometheus::Gauge* grad_norm_;
+  prometheus::Gauge* tokens_per_second_;
+  prometheus::Gauge* ckpt_last_step_;
+  prometheus::Gauge* ckpt_last_timestamp_;
+  prometheus::Gauge* ckpt_last_bytes_;
+  prometheus::Histogram* ckpt_duration_;
+  prometheus::Histogram* ckpt_stall_;
+  prometheus::Counter* ckpt_written_bytes_;
+  prometheus::Counter* ckpt_saves_;
+  prometheus::Counter* ckpt_restores_;
+  prometheus::Gauge* is_chief_;
+  prometheus::Gauge* build_info_;
+};
+
+}  // namespace longhaul::worker_metrics

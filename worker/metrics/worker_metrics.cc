@@ -1,0 +1,133 @@
+// WorkerMetrics: the worker's Prometheus registry and exposer. See worker_metrics.h.
+#include "longhaul/worker_metrics/worker_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "longhaul/base/error.h"
+
+namespace longhaul::worker_metrics {
+namespace {
+
+using prometheus::Labels;
+
+prometheus::Gauge* gauge(prometheus::Registry& r, const Labels& constant, const std::string& name,
+                         const std::string& help, const Labels& labels = {}) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Labels(constant).Register(r).Add(labels);
+}
+
+prometheus::Counter* counter(prometheus::Registry& r, const Labels& constant,
+                             const std::string& name, const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Labels(constant).Register(r).Add({});
+}
+
+prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& constant,
+                                 const std::string& name, const std::string& help,
+                                 prometheus::Histogram::BucketBoundaries buckets) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Labels(constant).Register(r).Add(
+      {}, std::move(buckets));
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version,
+                             const std::string& backend)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  const Labels c{{"rank", std::to_string(rank)}};
+  const prometheus::Histogram::BucketBoundaries step_buckets{
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  const prometheus::Histogram::BucketBoundaries ckpt_buckets{
+      0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+  global_step_ = gauge(r, c, "longhaul_train_global_step", "Optimizer steps taken so far.");
+  steps_total_ =
+      counter(r, c, "longhaul_train_steps_total", "Optimizer steps taken by this process.");
+  tokens_total_ =
+      counter(r, c, "longhaul_train_tokens_total", "Training tokens processed by this process.");
+  step_duration_ = histogram(r, c, "longhaul_train_step_duration_seconds",
+                             "Wall time of one optimizer step.", step_buckets);
+  loss_ = gauge(r, c, "longhaul_train_loss", "Training loss of the last step.");
+  learning_rate_ = gauge(r, c, "longhaul_train_learning_rate", "Learning rate of the last step.");
+  grad_norm_ = gauge(r, c, "longhaul_train_grad_norm",
+                     "Global gradient norm of the last step, before clipping.");
+  tokens_per_second_ =
+      gauge(r, c, "longhaul_train_tokens_per_second", "Training throughput of the last step.");
+  ckpt_last_step_ = gauge(r, c, "longhaul_checkpoint_last_step", "Step of the last checkpoint.");
+  ckpt_last_timestamp_ = gauge(r, c, "longhaul_checkpoint_last_timestamp_seconds",
+                               "Unix time the last checkpoint was committed.");
+  ckpt_last_bytes_ = gauge(r, c, "longhaul_checkpoint_last_bytes", "Size of the last checkpoint.");
+  ckpt_duration_ =
+      histogram(r, c, "longhaul_checkpoint_duration_seconds",
+                "Time to write and commit one checkpoint (background thread).", ckpt_buckets);
+  ckpt_stall_ = histogram(r, c, "longhaul_checkpoint_stall_seconds",
+                          "Time the training loop was blocked per checkpoint.", ckpt_buckets);
+  ckpt_written_bytes_ = counter(r, c, "longhaul_checkpoint_written_bytes_total",
+                                "Checkpoint bytes written by this process.");
+  ckpt_saves_ =
+      counter(r, c, "longhaul_checkpoint_saves_total", "Checkpoints saved by this process.");
+  ckpt_restores_ =
+      counter(r, c, "longhaul_checkpoint_restores_total", "Checkpoints restored by this process.");
+  is_chief_ = gauge(r, c, "longhaul_worker_is_chief", "1 on the chief replica, else 0.");
+  build_info_ = gauge(r, c, "longhaul_worker_build_info", "Build of the worker (value 1).",
+                      {{"version", version}, {"backend", backend}});
+  is_chief_->Set(is_chief ? 1 : 0);
+  build_info_->Set(1);
+}
+
+WorkerMetrics::~WorkerMetrics() = default;
+
+void WorkerMetrics::serve(int port) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>("0.0.0.0:" + std::to_string(port));
+  } catch (const std::exception& e) {
+    throw Unavailable("cannot serve Prometheus metrics on port " + std::to_string(port) + ": " +
+                      e.what() + "; choose a free --metrics-port (0 disables the exposer)");
+  }
+  exposer_->RegisterCollectable(registry_);
+}
+
+int WorkerMetrics::port() const {
+  if (!exposer_) return 0;
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+void WorkerMetrics::on_step(int64_t step, double loss, double learning_rate, double grad_norm,
+                            int64_t tokens, double seconds) {
+  global_step_->Set(static_cast<double>(step));
+  steps_total_->Increment();
+  tokens_total_->Increment(static_cast<double>(tokens));
+  step_duration_->Observe(seconds);
+  loss_->Set(loss);
+  learning_rate_->Set(learning_rate);
+  grad_norm_->Set(grad_norm);
+  if (seconds > 0) tokens_per_second_->Set(static_cast<double>(tokens) / seconds);
+}
+
+void WorkerMetrics::set_global_step(int64_t step) { global_step_->Set(static_cast<double>(step)); }
+
+void WorkerMetrics::on_saved(const supervisor::CheckpointStats& stats) {
+  ckpt_last_step_->Set(static_cast<double>(stats.step));
+  ckpt_last_timestamp_->Set(stats.wall_time);
+  ckpt_last_bytes_->Set(static_cast<double>(stats.bytes));
+  ckpt_duration_->Observe(stats.write_seconds);
+  ckpt_stall_->Observe(stats.stall_seconds);
+  ckpt_written_bytes_->Increment(static_cast<double>(stats.bytes));
+  ckpt_saves_->Increment();
+}
+
+void WorkerMetrics::on_restored(int64_t step) {
+  ckpt_restores_->Increment();
+  global_step_->Set(static_cast<double>(step));
+}
+
+std::string WorkerMetrics::text() const {
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry_->Collect());
+}
+
+}  // namespace longhaul::worker_metrics

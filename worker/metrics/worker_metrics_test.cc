@@ -1,0 +1,106 @@
+// WorkerMetrics: the fixed names with the rank label, values after steps and checkpoints, and
+// a real scrape over HTTP.
+#include "longhaul/worker_metrics/worker_metrics.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+
+namespace longhaul::worker_metrics {
+namespace {
+
+bool has_line(const std::string& text, const std::string& prefix) {
+  size_t pos = 0;
+  while ((pos = text.find(prefix, pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return true;
+    ++pos;
+  }
+  return false;
+}
+
+TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
+  WorkerMetrics m(3, true, "0.1.0", "cpu");
+  m.on_step(7, 2.5, 1e-3, 0.75, 1024, 0.5);
+  supervisor::CheckpointStats stats;
+  stats.step = 7;
+  stats.wall_time = 1700000000;
+  stats.bytes = 4096;
+  stats.write_seconds = 0.2;
+  stats.stall_seconds = 0.01;
+  m.on_saved(stats);
+  m.on_restored(5);
+  const std::string t = m.text();
+  for (const std::string line : {
+           "longhaul_train_global_step{rank=\"3\"} 5",
+           "longhaul_train_steps_total{rank=\"3\"} 1",
+           "longhaul_train_tokens_total{rank=\"3\"} 1024",
+           "longhaul_train_step_duration_seconds_count{rank=\"3\"} 1",
+           "longhaul_train_loss{rank=\"3\"} 2.5",
+           "longhaul_train_learning_rate{rank=\"3\"} 0.001",
+           "longhaul_train_grad_norm{rank=\"3\"} 0.75",
+           "longhaul_train_tokens_per_second{rank=\"3\"} 2048",
+           "longhaul_checkpoint_last_step{rank=\"3\"} 7",
+           "longhaul_checkpoint_last_timestamp_seconds{rank=\"3\"} 1700000000",
+           "longhaul_checkpoint_last_bytes{rank=\"3\"} 4096",
+           "longhaul_checkpoint_duration_seconds_count{rank=\"3\"} 1",
+           "longhaul_checkpoint_stall_seconds_sum{rank=\"3\"} 0.01",
+           "longhaul_checkpoint_written_bytes_total{rank=\"3\"} 4096",
+           "longhaul_checkpoint_saves_total{rank=\"3\"} 1",
+           "longhaul_checkpoint_restores_total{rank=\"3\"} 1",
+           "longhaul_worker_is_chief{rank=\"3\"} 1",
+       }) {
+    EXPECT_TRUE(has_line(t, line)) << line << "\n" << t;
+  }
+  EXPECT_NE(t.find("longhaul_worker_build_info{"), std::string::npos);
+  EXPECT_NE(t.find("version=\"0.1.0\""), std::string::npos);
+  EXPECT_NE(t.find("backend=\"cpu\""), std::string::npos);
+}
+
+std::string http_get(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string body;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) body.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return body;
+}
+
+TEST(WorkerMetricsTest, ServesMetricsOverHttp) {
+  WorkerMetrics m(0, false, "0.1.0", "cpu");
+  m.serve(0);  // civetweb picks a free port for "0"
+  ASSERT_GT(m.port(), 0);
+  m.on_step(1, 1.0, 1.0, 1.0, 10, 1.0);
+  const std::string body = http_get(m.port(), "/metrics");
+  EXPECT_NE(body.find("longhaul_train_steps_total{rank=\"0\"} 1"), std::string::npos) << body;
+  EXPECT_NE(body.find("longhaul_worker_is_chief{rank=\"0\"} 0"), std::string::npos) << body;
+}
+
+TEST(WorkerMetricsTest, BusyPortIsUnavailableNamingThePort) {
+  WorkerMetrics a(0, true, "0.1.0", "cpu");
+  a.serve(0);
+  WorkerMetrics b(0, true, "0.1.0", "cpu");
+  try {
+    b.serve(a.port());
+    FAIL() << "second bind succeeded";
+  } catch (const Unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(a.port())), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace longhaul::worker_metrics

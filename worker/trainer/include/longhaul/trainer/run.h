@@ -1,0 +1,56 @@
+// run_training: the whole `longhaul-worker train` flow on one replica — build the model and the
+// data from a WorkerConfig, run it under a Supervisor (restore or init / pre-trained init_fn,
+// checkpoints, events, SIGTERM handling), print progress, write scalars, evaluate.
+//
+// Errors are typed so the CLI can map them to exit codes: InvalidArgument from the config
+// (exit 2), DataError (3), CheckpointError and the supervisor's FailedPrecondition/DataLoss on
+// restore (4), Aborted (138), anything else (1). A SIGTERM/SIGINT ends the run normally after
+// the final checkpoint is committed; RunResult::signal says which signal it was.
+//
+// Thread-safety: call from one thread; callbacks run on the training thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <vector>
+
+#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/trainer/config.h"
+#include "longhaul/trainer/trainer.h"
+
+namespace longhaul::trainer {
+
+struct RunOptions {
+  WorkerConfig config;
+  std::filesystem::path logdir;  // required
+  int rank = 0;
+  int world_size = 1;
+  // Called after every optimizer step (metrics).
+  std::function<void(const StepStats&)> on_step;
+  // Called once the session is ready (restored or initialised) with the starting step.
+  std::function<void(int64_t step, bool restored)> on_session_start;
+  // Observers of checkpoint saves/restores (metrics); not owned.
+  std::vector<supervisor::CheckpointListener*> checkpoint_listeners;
+  std::ostream* progress = nullptr;  // progress lines; null = stdout
+  bool handle_signals = true;        // install the SIGTERM/SIGINT handler
+};
+
+struct RunResult {
+  int64_t final_step = 0;
+  std::optional<int64_t> restored_step;  // nullopt: started from scratch (or pre-trained)
+  int signal = 0;                        // SIGTERM/SIGINT that stopped it, or 0
+  std::optional<double> last_loss;
+  std::optional<double> last_val_loss;
+};
+
+RunResult run_training(const RunOptions& options);
+
+// The train/val datasets the config names (globs, or the embedded demo corpus). Throws
+// DataError naming the file or glob.
+std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config);
+std::shared_ptr<const data::TokenDataset> open_val_dataset(const WorkerConfig& config);
+
+}  // namespace longhaul::trainer

@@ -1,0 +1,128 @@
+// The trainer binds a LanguageModel, the data loaders and the supervisor: it is the worker's
+// supervisor::TrainingState (what a checkpoint holds and how it is restored) and it runs the
+// optimizer step (gradient accumulation, global-norm clipping, warmup + cosine LR, AdamW).
+//
+// Checkpoint contents (all F32, Hugging Face GPT-2 names so PyTorch/HF load the weights):
+//   transformer.wte.weight ... transformer.ln_f.bias      the parameters
+//   optimizer.exp_avg.<name>, optimizer.exp_avg_sq.<name> the AdamW moments
+//   __metadata__: step, optimizer_step_count, data_position (DataLoader JSON), model_config
+//   (JSON), seed, rng (the training RNG state; the CPU model draws no randomness after init,
+//   so it is the seed), train_tokens (tokens consumed), format "pt".
+// restore() checks every tensor's name, dtype and shape (and the model config) first and throws
+// CheckpointError(FailedPrecondition) naming the first mismatch; nothing is half-restored.
+//
+// Resume is exact: parameters, moments, the optimizer's step count, the LR schedule position
+// (a function of the step) and the data position are all restored, so N uninterrupted steps
+// and N/2 + stop + resume to N give bit-identical parameters on CPU.
+//
+// Thread-safety: everything on the training thread, except global_step() (atomic).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "longhaul/base/error.h"
+#include "longhaul/data/data_loader.h"
+#include "longhaul/model/config.h"
+#include "longhaul/model/language_model.h"
+#include "longhaul/model/lr_schedule.h"
+#include "longhaul/supervisor/training_state.h"
+#include "longhaul/trainer/config.h"
+
+namespace longhaul::trainer {
+
+// Bad training/validation data (wrong magic, truncated shard, token id out of range, too few
+// tokens): the worker exits 3. Keeps the code of the underlying error.
+class DataError : public Error {
+ public:
+  DataError(Code code, const std::string& message) : Error(code, message) {}
+};
+
+// A checkpoint or pre-trained file that cannot be used (another model shape, corrupt, wrong
+// metadata): the worker exits 4.
+class CheckpointError : public Error {
+ public:
+  CheckpointError(Code code, const std::string& message) : Error(code, message) {}
+};
+
+// The model shape the config asks for: the preset with the explicit fields applied, validated.
+// Throws InvalidArgument naming the config key (and file) that is wrong.
+model::GPT2Config model_config_for(const WorkerConfig& config);
+
+struct StepStats {
+  int64_t step = 0;  // global step after this optimizer step
+  double loss = 0;   // mean over the accumulated micro-batches
+  double learning_rate = 0;
+  double grad_norm = 0;  // before clipping
+  int64_t tokens = 0;    // tokens processed by this replica in this step
+  double seconds = 0;    // wall time of the step
+};
+
+class Trainer : public supervisor::TrainingState {
+ public:
+  // `train` must have been built with the config's batch_size/seq_len and this replica's
+  // rank/world_size. `val` may be null. Throws InvalidArgument when total_batch_tokens is not a
+  // multiple of B*T*world_size or seq_len exceeds the model's context length (naming the keys).
+  Trainer(const WorkerConfig& config, std::unique_ptr<model::LanguageModel> model,
+          std::unique_ptr<data::DataLoader> train, std::unique_ptr<data::EvalLoader> val,
+          int world_size = 1);
+
+  // supervisor::TrainingState
+  std::vector<supervisor::TensorSpec> tensor_specs() const override { return specs_; }
+  void initialize() override;
+  void restore(const supervisor::TensorSource& checkpoint) override;
+  void snapshot(supervisor::Snapshot& out) override;
+  int64_t global_step() const override { return step_.load(std::memory_order_acquire); }
+
+  // One optimizer step. Throws DataError when a batch holds a token id >= vocab_size.
+  StepStats train_step();
+  // Mean validation loss over the eval loader's batches; nullopt without validation data.
+  std::optional<double> evaluate();
+
+  // Loads pre-trained weights (HF GPT-2 layout) from a safetensors file; name_map maps source
+  // names to our parameter names. Throws CheckpointError naming the file and tensor.
+  void load_pretrained(const supervisor::TensorSource& source,
+                       const std::map<std::string, std::string>& name_map);
+
+  model::LanguageModel& model() { return *model_; }
+  int64_t accumulation_steps() const { return accumulation_steps_; }
+  int64_t tokens_per_step() const { return accumulation_steps_ * batch_tokens_; }
+  double learning_rate_at(int64_t step) const;
+  const WorkerConfig& config() const { return config_; }
+
+  // Compares the checkpoint's tensors with ours; "" when compatible, else a message naming the
+  // first mismatched tensor. Used by restore() and by `inspect`.
+  std::string incompatibility(const supervisor::TensorSource& checkpoint) const;
+
+ private:
+  struct Slot {
+    supervisor::TensorSpec spec;
+    float* data;  // host memory of the CPU model
+  };
+
+  WorkerConfig config_;
+  std::unique_ptr<model::LanguageModel> model_;
+  std::unique_ptr<data::DataLoader> train_;
+  std::unique_ptr<data::EvalLoader> val_;
+  model::LearningRateSchedule schedule_;
+  model::AdamWOptions adamw_;
+  int64_t batch_tokens_ = 0;
+  int64_t accumulation_steps_ = 1;
+  std::vector<supervisor::TensorSpec> specs_;
+  std::vector<Slot> slots_;  // parallel to specs_
+  std::atomic<int64_t> step_{0};
+  int64_t train_tokens_ = 0;
+  bool initialized_ = false;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+// The JSON the checkpoint's model_config metadata holds.
+std::string model_config_json(const model::GPT2Config& config);
+
+}  // namespace longhaul::trainer

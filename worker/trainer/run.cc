@@ -1,0 +1,204 @@
+// run_training: model + data + supervisor for one replica. See run.h.
+#include "longhaul/trainer/run.h"
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "longhaul/base/log.h"
+#include "longhaul/data/prepare.h"
+#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/supervisor/safetensors.h"
+#include "longhaul/supervisor/supervisor.h"
+
+namespace longhaul::trainer {
+namespace {
+
+std::string hms(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e8) return "--:--:--";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02" PRId64 ":%02" PRId64 ":%02" PRId64, s / 3600, (s / 60) % 60,
+                s % 60);
+  return buf;
+}
+
+template <typename Fn>
+auto as_data_error(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const DataError&) {
+    throw;
+  } catch (const Error& e) {
+    throw DataError(e.code(), e.what());
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config) {
+  return as_data_error([&] {
+    return config.data.train.empty() ? data::embedded_dataset(false)
+                                     : data::TokenDataset::from_glob(config.data.train);
+  });
+}
+
+std::shared_ptr<const data::TokenDataset> open_val_dataset(const WorkerConfig& config) {
+  return as_data_error([&]() -> std::shared_ptr<const data::TokenDataset> {
+    if (!config.data.val.empty()) return data::TokenDataset::from_glob(config.data.val);
+    if (config.data.train.empty()) return data::embedded_dataset(true);
+    return nullptr;
+  });
+}
+
+RunResult run_training(const RunOptions& options) {
+  const WorkerConfig& config = options.config;
+  const auto& t = config.training;
+  std::ostream& out = options.progress ? *options.progress : std::cout;
+
+  // 1. Model shape and device (config errors).
+  const model::GPT2Config model_config = model_config_for(config);
+  if (config.device == "cuda") {
+    throw InvalidArgument(
+        (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
+        ": device: cuda was requested but this build trains on CPU only; use device: auto or cpu");
+  }
+
+  // 2. Data (exit 3 on any problem).
+  data::LoaderOptions loader_options{.batch_size = t.batch_size,
+                                     .seq_len = t.seq_len,
+                                     .seed = t.seed,
+                                     .shuffle = config.data.shuffle,
+                                     .rank = options.rank,
+                                     .world_size = options.world_size};
+  auto train_set = open_train_dataset(config);
+  auto train_loader =
+      as_data_error([&] { return std::make_unique<data::DataLoader>(train_set, loader_options); });
+  std::unique_ptr<data::EvalLoader> val_loader;
+  if (config.eval.every_steps > 0) {
+    if (auto val_set = open_val_dataset(config)) {
+      val_loader = as_data_error([&] {
+        return std::make_unique<data::EvalLoader>(val_set, loader_options, config.eval.batches);
+      });
+    } else {
+      LH_LOG(WARNING) << "eval.every_steps is set but there is no validation data (data.val); "
+                         "evaluation is off";
+    }
+  }
+
+  // 3. Model and trainer.
+  auto model = model::make_cpu_gpt2(model_config, static_cast<int>(t.batch_size),
+                                    static_cast<int>(t.seq_len));
+  Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
+                  options.world_size);
+
+  // 4. Supervisor.
+  supervisor::SupervisorOptions so;
+  so.logdir = options.logdir;
+  so.is_chief = options.rank == 0;
+  so.save_model_secs = config.checkpoint.save_model_secs;
+  so.save_summaries_secs = config.summaries.save_summaries_secs;
+  so.recovery_wait_secs = config.supervisor.recovery_wait_secs;
+  so.max_wait_secs = config.supervisor.max_wait_secs;
+  so.stop_grace_secs = std::min(config.supervisor.stop_grace_secs, config.grace_period_secs);
+  so.max_to_keep = config.checkpoint.max_to_keep;
+  so.keep_checkpoint_every_n_hours = config.checkpoint.keep_checkpoint_every_n_hours;
+  so.summaries_enabled = config.summaries.every_steps > 0;
+  so.checkpoint_listeners = options.checkpoint_listeners;
+  bool pretrained = false;
+  if (!config.checkpoint.init_from.empty()) {
+    so.init_fn = [&](supervisor::TrainingState&) {
+      std::unique_ptr<supervisor::SafetensorsReader> reader;
+      try {
+        reader = std::make_unique<supervisor::SafetensorsReader>(
+            config.checkpoint.init_from,
+            supervisor::SafetensorsReader::Options{.require_checksums = false});
+      } catch (const Error& e) {
+        throw CheckpointError(e.code(), std::string("checkpoint.init_from: ") + e.what());
+      }
+      trainer.load_pretrained(*reader, config.checkpoint.init_name_map);
+      pretrained = true;
+    };
+  }
+  supervisor::Supervisor sv(so);
+  std::optional<supervisor::SignalHandler> signals;
+  if (options.handle_signals) signals.emplace(sv);
+
+  RunResult result;
+  const int64_t log_every = config.log.every_steps;
+  const int64_t summary_every = config.summaries.every_steps;
+  const int64_t eval_every = config.eval.every_steps;
+  sv.managed_session(trainer, [&](supervisor::Supervisor& sv) {
+    const int64_t start_step = trainer.global_step();
+    result.restored_step = sv.restored_step();
+    if (options.on_session_start)
+      options.on_session_start(start_step, sv.restored_step().has_value());
+    {
+      const auto& mc = trainer.model().config();
+      std::ostringstream head;
+      head << "longhaul-worker: " << (sv.restored_step() ? "resuming" : "starting") << " at step "
+           << start_step << "/" << t.max_steps << " | model " << config.model.preset << " ("
+           << mc.to_string() << ", " << trainer.model().num_parameters() << " params) on "
+           << trainer.model().device_name() << " | data "
+           << (config.data.train.empty() ? "<embedded corpus>" : config.data.train) << " | "
+           << trainer.tokens_per_step() << " tokens/step (" << trainer.accumulation_steps()
+           << " micro-batches of " << t.batch_size << "x" << t.seq_len << ")"
+           << (pretrained ? " | initialised from " + config.checkpoint.init_from : "")
+           << " | logdir " << options.logdir.string() << "\n";
+      out << head.str() << std::flush;
+    }
+    double ema_step_seconds = 0;
+    int64_t last_eval_step = -1;
+    auto run_eval = [&](int64_t step) {
+      if (auto val = trainer.evaluate()) {
+        result.last_val_loss = val;
+        sv.add_scalar("val_loss", *val, step);
+        char line[128];
+        std::snprintf(line, sizeof line, "step %6" PRId64 "/%" PRId64 " | val_loss %.4f\n", step,
+                      t.max_steps, *val);
+        out << line << std::flush;
+      }
+      last_eval_step = step;
+    };
+    while (!sv.should_stop() && trainer.global_step() < t.max_steps) {
+      const StepStats s = trainer.train_step();
+      result.last_loss = s.loss;
+      ema_step_seconds =
+          ema_step_seconds == 0 ? s.seconds : 0.9 * ema_step_seconds + 0.1 * s.seconds;
+      if (options.on_step) options.on_step(s);
+      const double tokens_per_sec = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
+      if (s.step % log_every == 0 || s.step == t.max_steps || s.step == start_step + 1) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "step %6" PRId64 "/%" PRId64
+                      " | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | eta %s\n",
+                      s.step, t.max_steps, s.loss, s.learning_rate, s.grad_norm, tokens_per_sec,
+                      hms(ema_step_seconds * static_cast<double>(t.max_steps - s.step)).c_str());
+        out << line << std::flush;
+      }
+      if (summary_every > 0 && s.step % summary_every == 0) {
+        sv.add_scalar("loss", s.loss, s.step);
+        sv.add_scalar("learning_rate", s.learning_rate, s.step);
+        sv.add_scalar("grad_norm", s.grad_norm, s.step);
+        sv.add_scalar("tokens_per_sec", tokens_per_sec, s.step);
+      }
+      if (eval_every > 0 && s.step % eval_every == 0) run_eval(s.step);
+      if (config.checkpoint.save_model_steps > 0 &&
+          s.step % config.checkpoint.save_model_steps == 0) {
+        sv.request_checkpoint();
+      }
+      sv.step_boundary(s.step);
+    }
+    if (eval_every > 0 && trainer.global_step() >= t.max_steps &&
+        last_eval_step != trainer.global_step() && !sv.should_stop()) {
+      run_eval(trainer.global_step());
+    }
+  });
+  result.final_step = trainer.global_step();
+  result.signal = signals ? signals->signal_received() : 0;
+  return result;
+}
+
+}  // namespace longhaul::trainer

@@ -1,0 +1,349 @@
+// Trainer: TrainingState over a LanguageModel + the optimizer step. See trainer.h.
+#include "longhaul/trainer/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "longhaul/base/log.h"
+
+namespace longhaul::trainer {
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string where(const WorkerConfig& config) {
+  return config.source.empty() ? "config" : "config " + config.source.string();
+}
+
+// PretrainedTensorReader over a safetensors TensorSource, converting F32/F16/BF16 to fp32.
+class TensorSourceReader : public model::PretrainedTensorReader {
+ public:
+  explicit TensorSourceReader(const supervisor::TensorSource& source) : source_(source) {}
+  std::vector<std::string> tensor_names() const override { return source_.tensor_names(); }
+  std::vector<int64_t> shape(std::string_view name) const override {
+    return source_.spec(name).shape;
+  }
+  void read(std::string_view name, std::span<float> out) const override {
+    const auto& spec = source_.spec(name);
+    auto bytes = source_.data(name);
+    const size_t n = static_cast<size_t>(spec.numel());
+    if (out.size() != n) {
+      throw InvalidArgument("tensor " + std::string(name) + " in " + source_.path() + " has " +
+                            std::to_string(n) + " elements, expected " +
+                            std::to_string(out.size()));
+    }
+    switch (spec.dtype) {
+      case supervisor::DType::kF32:
+        std::memcpy(out.data(), bytes.data(), n * sizeof(float));
+        return;
+      case supervisor::DType::kBF16:
+        for (size_t i = 0; i < n; ++i) {
+          uint16_t h;
+          std::memcpy(&h, bytes.data() + 2 * i, 2);
+          uint32_t bits = static_cast<uint32_t>(h) << 16;
+          std::memcpy(&out[i], &bits, 4);
+        }
+        return;
+      case supervisor::DType::kF16:
+        for (size_t i = 0; i < n; ++i) {
+          uint16_t h;
+          std::memcpy(&h, bytes.data() + 2 * i, 2);
+          const int sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+          float v = exp == 0    ? std::ldexp(static_cast<float>(mant), -24)
+                    : exp == 31 ? (mant ? NAN : INFINITY)
+                                : std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
+          out[i] = sign ? -v : v;
+        }
+        return;
+      default:
+        throw InvalidArgument("tensor " + std::string(name) + " in " + source_.path() +
+                              " has dtype " + std::string(supervisor::dtype_name(spec.dtype)) +
+                              "; pre-trained weights must be F32, F16 or BF16");
+    }
+  }
+
+ private:
+  const supervisor::TensorSource& source_;
+};
+
+int64_t metadata_int(const supervisor::TensorSource& ckpt, const std::string& key) {
+  const auto& md = ckpt.metadata();
+  auto it = md.find(key);
+  if (it == md.end()) {
+    throw CheckpointError(Code::kFailedPrecondition,
+                          "checkpoint " + ckpt.path() + " has no '" + key +
+                              "' metadata: it was not written by longhaul-worker; use it with "
+                              "checkpoint.init_from instead");
+  }
+  try {
+    size_t used = 0;
+    int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw CheckpointError(Code::kDataLoss, "checkpoint " + ckpt.path() + " has a garbled '" + key +
+                                             "' metadata value '" + it->second + "'");
+}
+
+}  // namespace
+
+std::string model_config_json(const model::GPT2Config& c) {
+  nlohmann::json j{{"vocab_size", c.vocab_size},
+                   {"context_length", c.context_length},
+                   {"n_layer", c.n_layer},
+                   {"n_head", c.n_head},
+                   {"n_embd", c.n_embd}};
+  return j.dump();
+}
+
+model::GPT2Config model_config_for(const WorkerConfig& config) {
+  model::GPT2Config c;
+  try {
+    c = model::GPT2Config::preset(config.model.preset);
+  } catch (const Error& e) {
+    throw InvalidArgument(where(config) + ": model.preset: " + e.what());
+  }
+  const auto& m = config.model;
+  if (m.n_layer) c.n_layer = *m.n_layer;
+  if (m.n_head) c.n_head = *m.n_head;
+  if (m.n_embd) c.n_embd = *m.n_embd;
+  if (m.context_length) c.context_length = *m.context_length;
+  if (m.vocab_size) c.vocab_size = *m.vocab_size;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw InvalidArgument(where(config) + ": model: " + e.what());
+  }
+  return c;
+}
+
+Trainer::Trainer(const WorkerConfig& config, std::unique_ptr<model::LanguageModel> model,
+                 std::unique_ptr<data::DataLoader> train, std::unique_ptr<data::EvalLoader> val,
+                 int world_size)
+    : config_(config), model_(std::move(model)), train_(std::move(train)), val_(std::move(val)) {
+  const auto& t = config_.training;
+  if (t.seq_len > model_->config().context_length) {
+    throw InvalidArgument(where(config_) + ": training.seq_len " + std::to_string(t.seq_len) +
+                          " exceeds the model's context_length " +
+                          std::to_string(model_->config().context_length) +
+                          "; lower training.seq_len or raise model.context_length");
+  }
+  batch_tokens_ = t.batch_size * t.seq_len;
+  const int64_t per_round = batch_tokens_ * world_size;
+  if (t.total_batch_tokens != 0) {
+    if (t.total_batch_tokens % per_round != 0) {
+      throw InvalidArgument(where(config_) + ": training.total_batch_tokens " +
+                            std::to_string(t.total_batch_tokens) +
+                            " must be a multiple of batch_size * seq_len * world_size = " +
+                            std::to_string(per_round));
+    }
+    accumulation_steps_ = t.total_batch_tokens / per_round;
+  }
+  schedule_.max_lr = t.learning_rate;
+  schedule_.min_lr = t.learning_rate * t.min_lr_ratio;
+  schedule_.total_steps = t.max_steps;
+  schedule_.warmup_steps = std::min(t.warmup_steps, t.max_steps);
+  schedule_.validate();
+  adamw_.beta1 = static_cast<float>(t.beta1);
+  adamw_.beta2 = static_cast<float>(t.beta2);
+  adamw_.eps = static_cast<float>(t.eps);
+  adamw_.weight_decay = static_cast<float>(t.weight_decay);
+
+  auto add = [&](const model::NamedTensor& nt, const std::string& name) {
+    supervisor::TensorSpec spec{name, supervisor::DType::kF32, nt.shape};
+    specs_.push_back(spec);
+    slots_.push_back(Slot{spec, nt.data});
+  };
+  for (const auto& p : model_->named_parameters()) add(p, p.name);
+  for (const auto& m : model_->named_optimizer_state()) add(m, m.name);
+}
+
+void Trainer::initialize() {
+  model_->init_weights(config_.training.seed);
+  step_.store(0, std::memory_order_release);
+  train_tokens_ = 0;
+  initialized_ = true;
+}
+
+std::string Trainer::incompatibility(const supervisor::TensorSource& ckpt) const {
+  std::set<std::string> ours;
+  for (const auto& spec : specs_) {
+    ours.insert(spec.name);
+    if (!ckpt.contains(spec.name)) {
+      return "checkpoint " + ckpt.path() + " has no tensor " + spec.name +
+             " that this model needs (shape " + shape_string(spec.shape) + ")";
+    }
+    const auto& theirs = ckpt.spec(spec.name);
+    if (theirs.dtype != spec.dtype || theirs.shape != spec.shape) {
+      return "checkpoint " + ckpt.path() + ": tensor " + spec.name + " is " +
+             std::string(supervisor::dtype_name(theirs.dtype)) + shape_string(theirs.shape) +
+             " but this model has " + std::string(supervisor::dtype_name(spec.dtype)) +
+             shape_string(spec.shape);
+    }
+  }
+  for (const auto& name : ckpt.tensor_names()) {
+    if (!ours.count(name)) {
+      return "checkpoint " + ckpt.path() + " has tensor " + name + " that this model does not";
+    }
+  }
+  auto it = ckpt.metadata().find("model_config");
+  if (it != ckpt.metadata().end()) {
+    try {
+      auto theirs = nlohmann::json::parse(it->second);
+      auto mine = nlohmann::json::parse(model_config_json(model_->config()));
+      for (const auto& [key, value] : mine.items()) {
+        if (theirs.value(key, nlohmann::json()) != value) {
+          return "checkpoint " + ckpt.path() + " was written for model " + key + "=" +
+                 theirs.value(key, nlohmann::json()).dump() + " but the config gives " +
+                 value.dump();
+        }
+      }
+    } catch (const nlohmann::json::exception&) {
+      return "checkpoint " + ckpt.path() + " has garbled model_config metadata";
+    }
+  }
+  return "";
+}
+
+void Trainer::restore(const supervisor::TensorSource& ckpt) {
+  if (std::string why = incompatibility(ckpt); !why.empty()) {
+    throw CheckpointError(Code::kFailedPrecondition,
+                          why +
+                              ". The logdir belongs to another model shape: use a new "
+                              "--logdir or the original model config");
+  }
+  const int64_t step = metadata_int(ckpt, "step");
+  const int64_t opt_steps = metadata_int(ckpt, "optimizer_step_count");
+  try {
+    auto pos = ckpt.metadata().find("data_position");
+    if (pos != ckpt.metadata().end()) train_->restore(pos->second);
+    for (const auto& slot : slots_) {
+      auto bytes = ckpt.data(slot.spec.name);  // CRC-verified
+      std::memcpy(slot.data, bytes.data(), bytes.size());
+    }
+  } catch (const Error& e) {
+    throw CheckpointError(e.code(), "cannot restore from " + ckpt.path() + ": " + e.what());
+  }
+  model_->set_optimizer_step_count(opt_steps);
+  auto tokens = ckpt.metadata().find("train_tokens");
+  train_tokens_ = tokens == ckpt.metadata().end() ? 0 : std::stoll(tokens->second);
+  model_->zero_grad();
+  step_.store(step, std::memory_order_release);
+  initialized_ = true;
+}
+
+void Trainer::snapshot(supervisor::Snapshot& out) {
+  out.reshape(specs_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    std::memcpy(out.buffers[i].data(), slots_[i].data, out.buffers[i].size());
+  }
+  const int64_t step = global_step();
+  out.step = step;
+  out.metadata["step"] = std::to_string(step);
+  out.metadata["optimizer_step_count"] = std::to_string(model_->optimizer_step_count());
+  out.metadata["data_position"] = train_->position_json();
+  out.metadata["model_config"] = model_config_json(model_->config());
+  out.metadata["seed"] = std::to_string(config_.training.seed);
+  out.metadata["rng"] = std::to_string(config_.training.seed);
+  out.metadata["train_tokens"] = std::to_string(train_tokens_);
+}
+
+double Trainer::learning_rate_at(int64_t step) const {
+  return model::learning_rate_at(schedule_, step);
+}
+
+StepStats Trainer::train_step() {
+  const auto start = std::chrono::steady_clock::now();
+  const auto& t = config_.training;
+  const int B = static_cast<int>(t.batch_size), T = static_cast<int>(t.seq_len);
+  model_->zero_grad();
+  double loss_sum = 0;
+  const float scale = 1.0f / static_cast<float>(accumulation_steps_);
+  for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
+    data::Batch batch = train_->next();
+    batch.to_int32(inputs_, targets_);
+    try {
+      loss_sum += model_->forward_backward(inputs_.data(), targets_.data(), B, T, scale);
+    } catch (const InvalidArgument& e) {
+      throw DataError(Code::kInvalidArgument, "bad batch from " + std::string(batch.source) + ": " +
+                                                  e.what() +
+                                                  "; the data does not fit model.vocab_size " +
+                                                  std::to_string(model_->config().vocab_size));
+    }
+  }
+  StepStats stats;
+  stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
+  // Data-parallel replicas all-reduce gradients here (the dist layer, a later issue).
+  const float norm = model_->gradient_norm();
+  const float clip = static_cast<float>(t.grad_clip);
+  const float grad_scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
+  const int64_t step = global_step();
+  const double lr = learning_rate_at(step);
+  model_->optimizer_step(adamw_, static_cast<float>(lr), grad_scale);
+  train_tokens_ += tokens_per_step();
+  step_.store(step + 1, std::memory_order_release);
+  stats.step = step + 1;
+  stats.learning_rate = lr;
+  stats.grad_norm = norm;
+  stats.tokens = tokens_per_step();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+std::optional<double> Trainer::evaluate() {
+  if (!val_) return std::nullopt;
+  const auto& t = config_.training;
+  val_->reset();
+  data::Batch batch;
+  double sum = 0;
+  int64_t n = 0;
+  while (val_->next(batch)) {
+    batch.to_int32(inputs_, targets_);
+    try {
+      sum += model_->forward_loss(inputs_.data(), targets_.data(), static_cast<int>(t.batch_size),
+                                  static_cast<int>(t.seq_len));
+    } catch (const InvalidArgument& e) {
+      throw DataError(Code::kInvalidArgument,
+                      "bad validation batch from " + std::string(batch.source) + ": " + e.what());
+    }
+    ++n;
+  }
+  return n == 0 ? std::nullopt : std::optional<double>(sum / static_cast<double>(n));
+}
+
+void Trainer::load_pretrained(const supervisor::TensorSource& source,
+                              const std::map<std::string, std::string>& name_map) {
+  TensorSourceReader reader(source);
+  model::PretrainedLoadOptions options;
+  options.name_map = name_map;
+  model::PretrainedLoadReport report;
+  try {
+    report = model_->load_pretrained(reader, options);
+  } catch (const Error& e) {
+    throw CheckpointError(e.code(),
+                          "cannot initialise from pre-trained " + source.path() + ": " + e.what());
+  }
+  if (report.loaded.empty()) {
+    throw CheckpointError(Code::kFailedPrecondition,
+                          "pre-trained file " + source.path() +
+                              " has no tensor matching this model's parameters; check "
+                              "checkpoint.init_name_map");
+  }
+  LH_LOG(INFO) << "initialised from pre-trained weights" << kv("file", source.path())
+               << kv("loaded", report.loaded.size()) << kv("missing", report.missing.size())
+               << kv("unmatched", report.unmatched.size());
+  for (const auto& name : report.missing) {
+    LH_LOG(WARNING) << "parameter not in the pre-trained file keeps its random init"
+                    << kv("tensor", name);
+  }
+}
+
+}  // namespace longhaul::trainer
