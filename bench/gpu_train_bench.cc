@@ -1,0 +1,204 @@
+// GPU training throughput of the CUDA GPT-2 backend: tokens/s, ms/step, MFU, peak device
+// memory and the checkpoint-snapshot stall. Run by bench/gpu_bench.sh (which also runs the
+// PyTorch baseline); usable alone:
+//
+//   longhaul_gpu_bench [--preset gpt2-124m] [--seq-len 1024] [--batch auto|N] [--steps 20]
+//                      [--warmup 3] [--peak-tflops 989]
+//
+// One step = zero_grad, forward_backward on one micro-batch (random tokens: the speed does not
+// depend on the data), gradient_norm, optimizer_step with global-norm clipping at 1.0: what the
+// trainer does per step without data loading. Every step ends with a host synchronisation (the
+// loss and the norm are read back), so wall-clock time around the timed steps is device time.
+// MFU = tokens/s * (6 N + 6 L C T) / peak, with N the parameter count (llm.c's and the issue's
+// convention). With --batch auto the largest B in {1, 2, 4, ...} whose allocation fits in 92% of
+// the free device memory is used.
+//
+// Output: a table, and `RESULT key=value ...` lines that gpu_bench.sh parses.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <longhaul/backend_cuda/cuda_backend.h>
+#include <longhaul/base/error.h>
+#include <longhaul/model/config.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace backend = longhaul::backend_cuda;
+
+struct Args {
+  std::string preset = "gpt2-124m";
+  int seq_len = 1024;
+  int batch = 0;  // 0: auto
+  int steps = 20;
+  int warmup = 3;
+  double peak_tflops = 989.0;
+};
+
+[[noreturn]] void usage(const char* message) {
+  std::fprintf(stderr,
+               "error: %s\nusage: longhaul_gpu_bench [--preset NAME] [--seq-len T] "
+               "[--batch auto|N] [--steps N] [--warmup N] [--peak-tflops X]\n",
+               message);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string key = argv[i];
+    if (i + 1 >= argc) usage(("missing value after " + key).c_str());
+    const std::string value = argv[++i];
+    if (key == "--preset") {
+      a.preset = value;
+    } else if (key == "--seq-len") {
+      a.seq_len = std::atoi(value.c_str());
+    } else if (key == "--batch") {
+      a.batch = value == "auto" ? 0 : std::atoi(value.c_str());
+    } else if (key == "--steps") {
+      a.steps = std::atoi(value.c_str());
+    } else if (key == "--warmup") {
+      a.warmup = std::atoi(value.c_str());
+    } else if (key == "--peak-tflops") {
+      a.peak_tflops = std::atof(value.c_str());
+    } else {
+      usage(("unknown option " + key).c_str());
+    }
+  }
+  if (a.seq_len < 1 || a.steps < 1 || a.warmup < 0 || a.batch < 0) usage("bad numeric option");
+  return a;
+}
+
+double elapsed_ms(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+int run(const Args& args) {
+  std::string why;
+  if (!backend::cuda_available(&why)) {
+    std::fprintf(stderr, "no usable GPU: %s\n", why.c_str());
+    return 3;
+  }
+  const longhaul::model::GPT2Config config = longhaul::model::GPT2Config::preset(args.preset);
+  const int T = args.seq_len;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    std::fprintf(stderr, "cudaMemGetInfo failed\n");
+    return 1;
+  }
+  int B = args.batch;
+  if (B == 0) {
+    const double budget = 0.92 * static_cast<double>(free_bytes);
+    for (int candidate = 1; candidate <= 1024; candidate *= 2) {
+      if (static_cast<double>(backend::cuda_gpt2_memory_bytes(config, candidate, T)) > budget)
+        break;
+      B = candidate;
+    }
+    if (B == 0) {
+      std::fprintf(stderr, "even B=1 does not fit in %.1f GiB free\n", free_bytes / 1073741824.0);
+      return 1;
+    }
+  }
+  std::printf("config %s, B=%d T=%d, planned device bytes %.2f GiB of %.2f GiB free\n",
+              config.to_string().c_str(), B, T,
+              backend::cuda_gpt2_memory_bytes(config, B, T) / 1073741824.0,
+              free_bytes / 1073741824.0);
+
+  const auto model = backend::make_cuda_gpt2(config, B, T);
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = token(rng);
+    targets[i] = token(rng);
+  }
+  const longhaul::model::AdamWOptions adamw;
+  float first_loss = 0.0f, last_loss = 0.0f;
+  auto step = [&]() {
+    model->zero_grad();
+    last_loss = model->forward_backward(inputs.data(), targets.data(), B, T, 1.0f);
+    const float norm = model->gradient_norm();
+    model->optimizer_step(adamw, 6e-4f, norm > 1.0f ? 1.0f / norm : 1.0f);
+  };
+  for (int i = 0; i < args.warmup; ++i) {
+    step();
+    if (i == 0) first_loss = last_loss;
+  }
+  std::vector<double> step_ms;
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < args.steps; ++i) {
+    const Clock::time_point s = Clock::now();
+    step();
+    step_ms.push_back(elapsed_ms(s));
+  }
+  model->gradient_norm();  // synchronises: the last optimizer step is complete
+  const double total_ms = elapsed_ms(start);
+  std::sort(step_ms.begin(), step_ms.end());
+  const double median_ms = step_ms[step_ms.size() / 2];
+  const double ms_per_step = total_ms / args.steps;
+
+  size_t free_after = 0;
+  cudaMemGetInfo(&free_after, &total_bytes);
+  const double used_gib = static_cast<double>(total_bytes - free_after) / 1073741824.0;
+
+  // Checkpoint stall: the snapshot of parameters and both moments into host buffers (as the
+  // supervisor's Snapshot holds them), first call (page-locks the buffers) and a later one.
+  std::vector<longhaul::model::NamedTensor> tensors = model->named_parameters();
+  for (const auto& t : model->named_optimizer_state()) tensors.push_back(t);
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<backend::HostCopy> copies;
+  size_t snapshot_bytes = 0;
+  for (const auto& t : tensors) {
+    buffers.emplace_back(static_cast<size_t>(t.numel()) * sizeof(float));
+    snapshot_bytes += buffers.back().size();
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) copies.push_back({tensors[i].data, buffers[i]});
+  double stall_ms[2];
+  for (double& ms : stall_ms) {
+    const Clock::time_point s = Clock::now();
+    model->snapshot_to_host(copies);
+    model->wait_snapshot();
+    ms = elapsed_ms(s);
+  }
+
+  const double tokens_per_step = static_cast<double>(B) * T;
+  const double tokens_per_s = tokens_per_step / (ms_per_step / 1e3);
+  const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
+                                 6.0 * config.n_layer * config.n_embd * static_cast<double>(T);
+  const double mfu = tokens_per_s * flops_per_token / (args.peak_tflops * 1e12);
+
+  std::printf("\n%-10s %6s %6s %12s %10s %10s %8s %10s %14s\n", "impl", "B", "T", "tokens/s",
+              "ms/step", "median ms", "MFU", "mem GiB", "snapshot ms");
+  std::printf("%-10s %6d %6d %12.0f %10.2f %10.2f %7.1f%% %10.2f %7.1f/%-6.1f\n", "longhaul", B, T,
+              tokens_per_s, ms_per_step, median_ms, 100.0 * mfu, used_gib, stall_ms[0],
+              stall_ms[1]);
+  std::printf("loss %.4f after warm-up step 1, %.4f at the end (random tokens: ~ln V = %.2f)\n",
+              first_loss, last_loss, std::log(static_cast<double>(config.vocab_size)));
+  std::printf(
+      "RESULT impl=longhaul B=%d T=%d tokens_per_s=%.1f ms_per_step=%.3f mfu=%.4f "
+      "mem_gib=%.3f snapshot_ms_first=%.2f snapshot_ms=%.2f snapshot_gib=%.3f "
+      "loss=%.4f params=%lld\n",
+      B, T, tokens_per_s, ms_per_step, mfu, used_gib, stall_ms[0], stall_ms[1],
+      snapshot_bytes / 1073741824.0, last_loss, static_cast<long long>(model->num_parameters()));
+  return std::isfinite(last_loss) ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const longhaul::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

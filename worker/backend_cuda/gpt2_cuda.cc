@@ -1,0 +1,887 @@
+// The CUDA GPT-2: parameter layouts, activation plan, forward, backward, AdamW and state
+// transfer, over longhaul::kernels_cuda. Plain C++ (g++); every kernel is behind a launcher.
+//
+// Precision: fp32 master weights, gradients and AdamW moments in the unpadded layout of
+// language_model.h; a bf16 working copy of the parameters for the kernels, in the same order
+// except that wte has Vp = round_up(V, 128) rows (the padding rows are zero and never updated),
+// so the classifier GEMM and the logits rows are aligned. Activations are bf16, statistics and
+// losses fp32; matmuls accumulate in fp32 and write weight gradients straight into fp32.
+//
+// Activations kept per layer for the backward pass (bf16 unless noted), N = B*T:
+//   ln1 (N,C) + mean/rstd (N fp32), q/k/v by head (3NC), attention probabilities (B,NH,T,T),
+//   attention output (N,C), residual2 (N,C), ln2 (N,C) + mean/rstd, fc pre-activation (N,4C),
+//   residual3 (N,C).
+// The GELU output (N,4C) is one shared buffer recomputed in the backward pass (CudaOptions::
+// recompute_gelu), saving (L-1) * N * 4C * 2 bytes. Scratch shared by all layers: qkv (N,3C),
+// the projection output (N,C), the attention head output (N,C), and in the backward pass
+// dresidual, dfch (N,4C), attention head gradients (4NC) and dP (B,NH,T,T).
+//
+// Fusions: each residual add is fused into the layernorm that follows it (the next block's ln_1,
+// or ln_f after the last block), the biases and GELU into the GEMM epilogues, softmax +
+// cross-entropy + dlogits into one kernel, all AdamW tensors into one launch.
+//
+// Determinism: every reduction has a fixed order (see the kernels), AdamW's stochastic rounding
+// is keyed by (seed, step, index), so two runs from the same seed and data are bit-identical on
+// the same GPU model and library versions.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <longhaul/base/error.h>
+#include <longhaul/base/log.h>
+#include <longhaul/kernels/cuda/adamw.h>
+#include <longhaul/kernels/cuda/attention.h>
+#include <longhaul/kernels/cuda/cast.h>
+#include <longhaul/kernels/cuda/check.h>
+#include <longhaul/kernels/cuda/classifier.h>
+#include <longhaul/kernels/cuda/encoder.h>
+#include <longhaul/kernels/cuda/gelu.h>
+#include <longhaul/kernels/cuda/global_norm.h>
+#include <longhaul/kernels/cuda/layernorm.h>
+#include <longhaul/kernels/cuda/matmul.h>
+
+#include "longhaul/backend_cuda/cuda_backend.h"
+
+namespace longhaul::backend_cuda {
+namespace {
+
+namespace k = longhaul::kernels::cuda;
+using k::bf16;
+using model::GPT2Config;
+using model::NamedTensor;
+
+constexpr int kVocabPadding = 128;
+constexpr size_t kAlignment = 256;  // every activation buffer starts 256-byte aligned
+// Snapshot destinations at least this large are page-locked in place (large heap blocks are
+// their own mappings, so registering them cannot collide with unrelated data).
+constexpr size_t kMinRegisteredBytes = size_t{1} << 20;
+
+// Indices of a block's tensors, Hugging Face order (as language_model.h lists them).
+enum BlockTensor {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttProjW,
+  kAttProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kBlockTensors
+};
+constexpr std::array<const char*, kBlockTensors> kBlockTensorNames = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+struct TensorLayout {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0;        // into the fp32 buffers
+  size_t param_offset = 0;  // into the bf16 working copy
+  size_t numel = 0;
+  enum class Init { kNormal, kResidualNormal, kZero, kOne } init = Init::kNormal;
+};
+
+// The same Gaussian stream as the CPU backend (64-bit Mersenne Twister, explicit Box-Muller),
+// so init_weights(seed) gives the same weights on both backends.
+class NormalGenerator {
+ public:
+  explicit NormalGenerator(uint64_t seed) : rng_(seed) {}
+  float next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return static_cast<float>(spare_);
+    }
+    const double u1 = (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+    const double u2 = static_cast<double>(rng_() >> 11) * 0x1.0p-53;          // [0, 1)
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double theta = 2.0 * 3.14159265358979323846 * u2;
+    spare_ = r * std::sin(theta);
+    has_spare_ = true;
+    return static_cast<float>(r * std::cos(theta));
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  double spare_ = 0.0;
+  bool has_spare_ = false;
+};
+
+// Carves typed, aligned sub-buffers out of one allocation. Run once with base == nullptr to
+// measure, then with the real base.
+class Carver {
+ public:
+  explicit Carver(std::byte* base) : base_(base) {}
+  template <typename T>
+  T* take(size_t count) {
+    used_ = (used_ + kAlignment - 1) / kAlignment * kAlignment;
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += count * sizeof(T);
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  std::byte* base_;
+  size_t used_ = 0;
+};
+
+struct BlockActivations {
+  bf16* ln1 = nullptr;        // (N, C)
+  float* ln1_mean = nullptr;  // (N)
+  float* ln1_rstd = nullptr;  // (N)
+  bf16* qkvr = nullptr;       // (3, B, NH, T, HS)
+  bf16* att = nullptr;        // (B, NH, T, T)
+  bf16* atty = nullptr;       // (N, C)
+  bf16* residual2 = nullptr;  // (N, C)
+  bf16* ln2 = nullptr;        // (N, C)
+  float* ln2_mean = nullptr;  // (N)
+  float* ln2_rstd = nullptr;  // (N)
+  bf16* fch = nullptr;        // (N, 4C) pre-GELU
+  bf16* fch_gelu = nullptr;   // (N, 4C) GELU output (shared when recomputed)
+  bf16* residual3 = nullptr;  // (N, C)
+};
+
+// Every device buffer of the model, carved from one allocation.
+struct Buffers {
+  // Parameters and optimizer state.
+  float* master = nullptr;  // (P)
+  float* grads = nullptr;   // (P)
+  float* m = nullptr;       // (P)
+  float* v = nullptr;       // (P)
+  bf16* params = nullptr;   // (P + (Vp - V) * C)
+  k::AdamWChunk* chunks = nullptr;
+  // Inputs.
+  int32_t* inputs = nullptr;          // (N)
+  int32_t* targets = nullptr;         // (N)
+  int32_t* unique_tokens = nullptr;   // (N)
+  int32_t* bucket_offsets = nullptr;  // (N + 1)
+  int32_t* positions = nullptr;       // (N)
+  // Forward.
+  bf16* encoded = nullptr;  // (N, C)
+  std::vector<BlockActivations> blocks;
+  bf16* qkv = nullptr;        // (N, 3C) scratch; dqkv in the backward pass
+  bf16* proj = nullptr;       // (N, C) scratch; dln in the backward pass
+  bf16* heads_out = nullptr;  // (N, C) scratch; datty in the backward pass
+  bf16* lnf = nullptr;        // (N, C)
+  float* lnf_mean = nullptr;  // (N)
+  float* lnf_rstd = nullptr;  // (N)
+  bf16* logits = nullptr;     // (N, Vp); dlogits in place
+  float* losses = nullptr;    // (N)
+  // Backward scratch.
+  bf16* dresidual = nullptr;  // (N, C)
+  bf16* dfch = nullptr;       // (N, 4C)
+  bf16* dheads = nullptr;     // (4, N, C)
+  bf16* datt = nullptr;       // (B, NH, T, T)
+  float* fscratch = nullptr;  // reductions
+  float* scalars = nullptr;   // (2)
+};
+
+size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+struct Shape {
+  int V, Vp, C, NH, L, maxT;
+  int B, T;  // the maxima activations are sized for
+};
+
+// Lays out `buffers` from `carver` (measuring when the carver's base is null).
+void carve(Carver& carver, Buffers& b, const Shape& s, size_t num_params, size_t num_chunks,
+           bool recompute_gelu) {
+  const size_t N = static_cast<size_t>(s.B) * s.T, C = s.C;
+  const size_t NC = N * C, att = static_cast<size_t>(s.B) * s.NH * s.T * s.T;
+  b.master = carver.take<float>(num_params);
+  b.grads = carver.take<float>(num_params);
+  b.m = carver.take<float>(num_params);
+  b.v = carver.take<float>(num_params);
+  b.params = carver.take<bf16>(num_params + static_cast<size_t>(s.Vp - s.V) * C);
+  b.chunks = carver.take<k::AdamWChunk>(num_chunks);
+  b.inputs = carver.take<int32_t>(N);
+  b.targets = carver.take<int32_t>(N);
+  b.unique_tokens = carver.take<int32_t>(N);
+  b.bucket_offsets = carver.take<int32_t>(N + 1);
+  b.positions = carver.take<int32_t>(N);
+  b.encoded = carver.take<bf16>(NC);
+  b.blocks.assign(s.L, BlockActivations{});
+  bf16* shared_gelu = recompute_gelu ? carver.take<bf16>(4 * NC) : nullptr;
+  for (BlockActivations& a : b.blocks) {
+    a.ln1 = carver.take<bf16>(NC);
+    a.ln1_mean = carver.take<float>(N);
+    a.ln1_rstd = carver.take<float>(N);
+    a.qkvr = carver.take<bf16>(3 * NC);
+    a.att = carver.take<bf16>(att);
+    a.atty = carver.take<bf16>(NC);
+    a.residual2 = carver.take<bf16>(NC);
+    a.ln2 = carver.take<bf16>(NC);
+    a.ln2_mean = carver.take<float>(N);
+    a.ln2_rstd = carver.take<float>(N);
+    a.fch = carver.take<bf16>(4 * NC);
+    a.fch_gelu = recompute_gelu ? shared_gelu : carver.take<bf16>(4 * NC);
+    a.residual3 = carver.take<bf16>(NC);
+  }
+  b.qkv = carver.take<bf16>(3 * NC);
+  b.proj = carver.take<bf16>(NC);
+  b.heads_out = carver.take<bf16>(NC);
+  b.lnf = carver.take<bf16>(NC);
+  b.lnf_mean = carver.take<float>(N);
+  b.lnf_rstd = carver.take<float>(N);
+  b.logits = carver.take<bf16>(N * static_cast<size_t>(s.Vp));
+  b.losses = carver.take<float>(N);
+  b.dresidual = carver.take<bf16>(NC);
+  b.dfch = carver.take<bf16>(4 * NC);
+  b.dheads =
+      carver.take<bf16>(static_cast<size_t>(k::attention_backward_scratch_heads(s.B, s.T, s.C)));
+  b.datt = carver.take<bf16>(att);
+  const long long fscratch =
+      std::max({k::layernorm_backward_scratch_floats(s.C),
+                k::linear_backward_scratch_floats(4 * s.C), k::reduction_scratch_floats()});
+  b.fscratch = carver.take<float>(static_cast<size_t>(fscratch));
+  b.scalars = carver.take<float>(2);
+}
+
+std::vector<TensorLayout> make_layout(const GPT2Config& config, int Vp, size_t* num_params) {
+  const int64_t V = config.vocab_size, C = config.n_embd, maxT = config.context_length;
+  using Init = TensorLayout::Init;
+  std::vector<TensorLayout> layout;
+  size_t offset = 0, param_offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, Init init, size_t param_numel) {
+    TensorLayout t{std::move(name), std::move(shape), offset, param_offset, 1, init};
+    for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+    offset += t.numel;
+    param_offset += param_numel == 0 ? t.numel : param_numel;
+    layout.push_back(std::move(t));
+  };
+  add("transformer.wte.weight", {V, C}, Init::kNormal, static_cast<size_t>(Vp) * C);
+  add("transformer.wpe.weight", {maxT, C}, Init::kNormal, 0);
+  for (int l = 0; l < config.n_layer; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    const std::array<std::pair<std::vector<int64_t>, Init>, kBlockTensors> specs = {{
+        {{C}, Init::kOne},
+        {{C}, Init::kZero},
+        {{C, 3 * C}, Init::kNormal},
+        {{3 * C}, Init::kZero},
+        {{C, C}, Init::kResidualNormal},
+        {{C}, Init::kZero},
+        {{C}, Init::kOne},
+        {{C}, Init::kZero},
+        {{C, 4 * C}, Init::kNormal},
+        {{4 * C}, Init::kZero},
+        {{4 * C, C}, Init::kResidualNormal},
+        {{C}, Init::kZero},
+    }};
+    for (int i = 0; i < kBlockTensors; ++i) {
+      add(p + kBlockTensorNames[i], specs[i].first, specs[i].second, 0);
+    }
+  }
+  add("transformer.ln_f.weight", {C}, Init::kOne, 0);
+  add("transformer.ln_f.bias", {C}, Init::kZero, 0);
+  *num_params = offset;
+  return layout;
+}
+
+std::vector<k::AdamWChunk> make_chunks(const std::vector<TensorLayout>& layout) {
+  std::vector<k::AdamWChunk> chunks;
+  for (const TensorLayout& t : layout) {
+    for (size_t start = 0; start < t.numel; start += k::kAdamWChunk) {
+      k::AdamWChunk c;
+      c.offset = static_cast<long long>(t.offset + start);
+      c.param_offset = static_cast<long long>(t.param_offset + start);
+      c.n = static_cast<int>(std::min<size_t>(k::kAdamWChunk, t.numel - start));
+      c.decay = t.shape.size() == 2 ? 1 : 0;  // model::is_weight_decayed's rule
+      chunks.push_back(c);
+    }
+  }
+  return chunks;
+}
+
+void validate_for_cuda(const GPT2Config& config, int max_B, int max_T) {
+  config.validate();
+  if (max_B < 1) {
+    throw InvalidArgument("max_batch_size = " + std::to_string(max_B) + " must be >= 1");
+  }
+  if (max_T < 1 || max_T > config.context_length) {
+    throw InvalidArgument("max_seq_len = " + std::to_string(max_T) + " must be in [1, " +
+                          std::to_string(config.context_length) + "] (the context_length)");
+  }
+  const int HS = config.n_embd / config.n_head;
+  if (config.n_embd % 8 != 0 || HS % 8 != 0) {
+    throw InvalidArgument(
+        "the CUDA backend needs n_embd and n_embd / n_head to be multiples of 8 "
+        "(16-byte vector access), got n_embd=" +
+        std::to_string(config.n_embd) + " n_head=" + std::to_string(config.n_head) +
+        "; use device: cpu for this shape");
+  }
+}
+
+Shape make_shape(const GPT2Config& config, int max_B, int max_T) {
+  Shape s;
+  s.V = config.vocab_size;
+  s.Vp = static_cast<int>(round_up(static_cast<size_t>(s.V), kVocabPadding));
+  s.C = config.n_embd;
+  s.NH = config.n_head;
+  s.L = config.n_layer;
+  s.maxT = config.context_length;
+  s.B = max_B;
+  s.T = max_T;
+  return s;
+}
+
+class GPT2Cuda final : public CudaModel {
+ public:
+  GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options);
+  ~GPT2Cuda() override;
+  GPT2Cuda(const GPT2Cuda&) = delete;
+  GPT2Cuda& operator=(const GPT2Cuda&) = delete;
+
+  const GPT2Config& config() const override { return config_; }
+  std::string_view device_name() const override { return "cuda"; }
+  int64_t num_parameters() const override { return static_cast<int64_t>(num_params_); }
+  int max_batch_size() const override { return shape_.B; }
+  int max_seq_len() const override { return shape_.T; }
+
+  void init_weights(uint64_t seed) override;
+  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                         float loss_scale) override;
+  float forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) override;
+  void zero_grad() override;
+  float gradient_norm() override;
+  void optimizer_step(const model::AdamWOptions& options, float lr, float grad_scale) override;
+
+  std::span<float> parameters_flat() override { return {buf_.master, num_params_}; }
+  std::span<float> gradients_flat() override { return {buf_.grads, num_params_}; }
+  std::vector<NamedTensor> named_parameters() override { return named(buf_.master, ""); }
+  std::vector<NamedTensor> named_optimizer_state() override {
+    std::vector<NamedTensor> out = named(buf_.m, "optimizer.exp_avg.");
+    std::vector<NamedTensor> v = named(buf_.v, "optimizer.exp_avg_sq.");
+    out.insert(out.end(), v.begin(), v.end());
+    return out;
+  }
+  int64_t optimizer_step_count() const override { return step_; }
+  void set_optimizer_step_count(int64_t steps) override {
+    if (steps < 0) {
+      throw InvalidArgument("optimizer step count " + std::to_string(steps) + " is negative");
+    }
+    step_ = steps;
+  }
+
+  void download(std::span<const float> device_src, std::span<float> host_dst) override;
+  void upload(std::span<const float> host_src, std::span<float> device_dst) override;
+  void snapshot_to_host(std::span<const HostCopy> copies) override;
+  void wait_snapshot() override;
+
+ protected:
+  void upload_parameter(const NamedTensor& dst, std::span<const float> src) override {
+    upload(src, std::span<float>(dst.data, static_cast<size_t>(dst.numel())));
+  }
+
+ private:
+  std::vector<NamedTensor> named(float* buffer, const std::string& prefix) const {
+    std::vector<NamedTensor> out;
+    out.reserve(layout_.size());
+    for (const TensorLayout& t : layout_) {
+      out.push_back(NamedTensor{prefix + t.name, t.shape, buffer + t.offset});
+    }
+    return out;
+  }
+  const TensorLayout& block_tensor(int layer, BlockTensor index) const {
+    return layout_[2 + static_cast<size_t>(layer) * kBlockTensors + index];
+  }
+  bf16* param(const TensorLayout& t) const { return buf_.params + t.param_offset; }
+  float* grad(const TensorLayout& t) const { return buf_.grads + t.offset; }
+  bf16* param(int layer, BlockTensor index) const { return param(block_tensor(layer, index)); }
+  float* grad(int layer, BlockTensor index) const { return grad(block_tensor(layer, index)); }
+
+  void check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const;
+  void upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T, bool buckets);
+  void forward(int B, int T);
+  void backward(int B, int T);
+  float mean_loss(int N);
+  // Refreshes the bf16 working copy of fp32 elements [begin, end) of the master weights.
+  void refresh_working_copy(size_t begin, size_t end);
+  // Which flat buffer a device span lies in (nullptr when none).
+  const float* owning_buffer(const float* p, size_t n) const;
+  void wait_for_snapshot_on_device();
+
+  GPT2Config config_;
+  Shape shape_;
+  CudaOptions options_;
+  std::vector<TensorLayout> layout_;
+  size_t num_params_ = 0;
+  int num_chunks_ = 0;
+  int64_t step_ = 0;
+  uint64_t seed_ = 0;
+  int last_unique_tokens_ = 0;
+
+  // Device resources, released in reverse order by the destructor (and on a throwing
+  // constructor by ~GPT2Cuda's members not being built: see the constructor).
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t snapshot_stream_ = nullptr;
+  cudaEvent_t step_boundary_ = nullptr;
+  cudaEvent_t snapshot_done_ = nullptr;
+  bool snapshot_pending_ = false;
+  std::byte* device_memory_ = nullptr;
+  int32_t* host_tokens_ = nullptr;  // pinned: inputs, targets, unique, offsets, positions
+  float* host_scalar_ = nullptr;    // pinned (2)
+  std::unique_ptr<k::Matmul> matmul_;
+  Buffers buf_;
+  // Host ranges page-locked for snapshots (size 0: registration failed, copied staged).
+  std::map<const std::byte*, size_t> registered_;
+
+  void release() noexcept;
+};
+
+GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options)
+    : config_(config), shape_(make_shape(config, max_B, max_T)), options_(options) {
+  layout_ = make_layout(config_, shape_.Vp, &num_params_);
+  if (static_cast<int64_t>(num_params_) != config_.num_parameters()) {
+    throw Internal("CUDA GPT-2 layout has " + std::to_string(num_params_) +
+                   " parameters but the config computes " +
+                   std::to_string(config_.num_parameters()));
+  }
+  const std::vector<k::AdamWChunk> chunks = make_chunks(layout_);
+  num_chunks_ = static_cast<int>(chunks.size());
+  try {
+    LH_CUDA_CHECK(cudaSetDevice(options_.device));
+    LH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LH_CUDA_CHECK(cudaStreamCreateWithFlags(&snapshot_stream_, cudaStreamNonBlocking));
+    LH_CUDA_CHECK(cudaEventCreateWithFlags(&step_boundary_, cudaEventDisableTiming));
+    LH_CUDA_CHECK(cudaEventCreateWithFlags(&snapshot_done_, cudaEventDisableTiming));
+    Carver measure(nullptr);
+    carve(measure, buf_, shape_, num_params_, chunks.size(), options_.recompute_gelu);
+    LH_CUDA_CHECK(cudaMalloc(&device_memory_, measure.used()));
+    Carver carver(device_memory_);
+    carve(carver, buf_, shape_, num_params_, chunks.size(), options_.recompute_gelu);
+    const size_t N = static_cast<size_t>(shape_.B) * shape_.T;
+    LH_CUDA_CHECK(cudaMallocHost(&host_tokens_, (5 * N + 1) * sizeof(int32_t)));
+    LH_CUDA_CHECK(cudaMallocHost(&host_scalar_, 2 * sizeof(float)));
+    matmul_ = std::make_unique<k::Matmul>();
+    LH_CUDA_CHECK(cudaMemcpyAsync(buf_.chunks, chunks.data(), chunks.size() * sizeof(chunks[0]),
+                                  cudaMemcpyHostToDevice, stream_));
+    LH_LOG(INFO) << "CUDA GPT-2 allocated" << kv("params", num_params_)
+                 << kv("device_bytes", measure.used()) << kv("max_batch", shape_.B)
+                 << kv("max_seq_len", shape_.T) << kv("padded_vocab", shape_.Vp);
+    init_weights(0);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+GPT2Cuda::~GPT2Cuda() { release(); }
+
+void GPT2Cuda::release() noexcept {
+  // Errors are ignored here: this runs on error paths and in destructors.
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (snapshot_stream_ != nullptr) cudaStreamSynchronize(snapshot_stream_);
+  for (const auto& [pointer, size] : registered_) {
+    if (size != 0) cudaHostUnregister(const_cast<std::byte*>(pointer));
+  }
+  registered_.clear();
+  matmul_.reset();
+  if (host_scalar_ != nullptr) cudaFreeHost(host_scalar_);
+  if (host_tokens_ != nullptr) cudaFreeHost(host_tokens_);
+  if (device_memory_ != nullptr) cudaFree(device_memory_);
+  if (snapshot_done_ != nullptr) cudaEventDestroy(snapshot_done_);
+  if (step_boundary_ != nullptr) cudaEventDestroy(step_boundary_);
+  if (snapshot_stream_ != nullptr) cudaStreamDestroy(snapshot_stream_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  host_scalar_ = nullptr;
+  host_tokens_ = nullptr;
+  device_memory_ = nullptr;
+  snapshot_done_ = step_boundary_ = nullptr;
+  snapshot_stream_ = stream_ = nullptr;
+  (void)cudaGetLastError();
+}
+
+void GPT2Cuda::init_weights(uint64_t seed) {
+  NormalGenerator normal(seed);
+  const float std_dev = 0.02f;
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  std::vector<float> host(num_params_);
+  for (const TensorLayout& t : layout_) {
+    float* p = host.data() + t.offset;
+    switch (t.init) {
+      case TensorLayout::Init::kNormal:
+        for (size_t i = 0; i < t.numel; ++i) p[i] = std_dev * normal.next();
+        break;
+      case TensorLayout::Init::kResidualNormal:
+        for (size_t i = 0; i < t.numel; ++i) p[i] = residual_std * normal.next();
+        break;
+      case TensorLayout::Init::kZero:
+        std::fill(p, p + t.numel, 0.0f);
+        break;
+      case TensorLayout::Init::kOne:
+        std::fill(p, p + t.numel, 1.0f);
+        break;
+    }
+  }
+  wait_for_snapshot_on_device();
+  const size_t bytes = num_params_ * sizeof(float);
+  LH_CUDA_CHECK(cudaMemcpyAsync(buf_.master, host.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  LH_CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, bytes, stream_));
+  LH_CUDA_CHECK(cudaMemsetAsync(buf_.m, 0, bytes, stream_));
+  LH_CUDA_CHECK(cudaMemsetAsync(buf_.v, 0, bytes, stream_));
+  // The padding rows of wte stay zero forever (no gradient reaches them, AdamW skips them).
+  LH_CUDA_CHECK(cudaMemsetAsync(
+      buf_.params, 0, (num_params_ + static_cast<size_t>(shape_.Vp - shape_.V) * shape_.C) * 2,
+      stream_));
+  refresh_working_copy(0, num_params_);
+  LH_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` dies at return
+  step_ = 0;
+  seed_ = seed;
+}
+
+void GPT2Cuda::refresh_working_copy(size_t begin, size_t end) {
+  // fp32 index i maps to bf16 index i inside wte (its first V rows) and to i + (Vp - V) * C
+  // after it.
+  const size_t wte_end = layout_[0].numel;
+  const size_t shift = static_cast<size_t>(shape_.Vp - shape_.V) * shape_.C;
+  if (begin < wte_end) {
+    const size_t stop = std::min(end, wte_end);
+    k::cast_to_bf16(buf_.params + begin, buf_.master + begin, static_cast<long long>(stop - begin),
+                    stream_);
+    begin = stop;
+  }
+  if (begin < end) {
+    k::cast_to_bf16(buf_.params + begin + shift, buf_.master + begin,
+                    static_cast<long long>(end - begin), stream_);
+  }
+}
+
+void GPT2Cuda::check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const {
+  if (B < 1 || B > shape_.B) {
+    throw InvalidArgument("batch size B = " + std::to_string(B) + " is outside [1, " +
+                          std::to_string(shape_.B) + "] (the model's max_batch_size)");
+  }
+  if (T < 1 || T > shape_.T) {
+    throw InvalidArgument("sequence length T = " + std::to_string(T) + " is outside [1, " +
+                          std::to_string(shape_.T) + "] (the model's max_seq_len)");
+  }
+  const int V = config_.vocab_size;
+  for (const auto& [tokens, what] : {std::pair{inputs, "input"}, std::pair{targets, "target"}}) {
+    for (int i = 0; i < B * T; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= V) {
+        throw InvalidArgument(std::string(what) + " token id " + std::to_string(tokens[i]) +
+                              " at (b=" + std::to_string(i / T) + ", t=" + std::to_string(i % T) +
+                              ") is outside [0, " + std::to_string(V) +
+                              "): the data's vocabulary does not match the model's vocab_size");
+      }
+    }
+  }
+}
+
+void GPT2Cuda::upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T,
+                             bool buckets) {
+  // The pinned staging area is free: every previous call ended with a stream synchronisation.
+  const size_t N = static_cast<size_t>(B) * T;
+  const size_t maxN = static_cast<size_t>(shape_.B) * shape_.T;
+  int32_t* h_inputs = host_tokens_;
+  int32_t* h_targets = host_tokens_ + maxN;
+  std::memcpy(h_inputs, inputs, N * sizeof(int32_t));
+  std::memcpy(h_targets, targets, N * sizeof(int32_t));
+  LH_CUDA_CHECK(
+      cudaMemcpyAsync(buf_.inputs, h_inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  LH_CUDA_CHECK(cudaMemcpyAsync(buf_.targets, h_targets, N * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream_));
+  if (!buckets) return;
+  const k::TokenBuckets b = k::bucket_tokens(inputs, static_cast<int>(N));
+  int32_t* h_unique = host_tokens_ + 2 * maxN;
+  int32_t* h_offsets = host_tokens_ + 3 * maxN;
+  int32_t* h_positions = host_tokens_ + 4 * maxN + 1;
+  std::copy(b.unique_tokens.begin(), b.unique_tokens.end(), h_unique);
+  std::copy(b.offsets.begin(), b.offsets.end(), h_offsets);
+  std::copy(b.positions.begin(), b.positions.end(), h_positions);
+  last_unique_tokens_ = static_cast<int>(b.unique_tokens.size());
+  LH_CUDA_CHECK(cudaMemcpyAsync(buf_.unique_tokens, h_unique, b.unique_tokens.size() * 4,
+                                cudaMemcpyHostToDevice, stream_));
+  LH_CUDA_CHECK(cudaMemcpyAsync(buf_.bucket_offsets, h_offsets, b.offsets.size() * 4,
+                                cudaMemcpyHostToDevice, stream_));
+  LH_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, h_positions, b.positions.size() * 4,
+                                cudaMemcpyHostToDevice, stream_));
+}
+
+void GPT2Cuda::forward(int B, int T) {
+  const int C = shape_.C, NH = shape_.NH, L = shape_.L;
+  const int N = B * T;
+  k::Matmul& mm = *matmul_;
+  const TensorLayout& wte = layout_[0];
+  const TensorLayout& wpe = layout_[1];
+  const TensorLayout& lnf_w = layout_[layout_.size() - 2];
+  const TensorLayout& lnf_b = layout_[layout_.size() - 1];
+
+  k::encoder_forward(buf_.encoded, buf_.inputs, param(wte), param(wpe), B, T, C, stream_);
+  BlockActivations& first = buf_.blocks[0];
+  k::residual_layernorm_forward(nullptr, first.ln1, first.ln1_mean, first.ln1_rstd, buf_.encoded,
+                                nullptr, param(0, kLn1W), param(0, kLn1B), N, C, stream_);
+  for (int l = 0; l < L; ++l) {
+    BlockActivations& a = buf_.blocks[l];
+    const bf16* residual = l == 0 ? buf_.encoded : buf_.blocks[l - 1].residual3;
+    k::linear_forward(mm, buf_.qkv, a.ln1, param(l, kQkvW), param(l, kQkvB), N, C, 3 * C, stream_);
+    k::attention_forward(mm, a.atty, a.qkvr, a.att, buf_.heads_out, buf_.qkv, B, T, C, NH, stream_);
+    k::linear_forward(mm, buf_.proj, a.atty, param(l, kAttProjW), param(l, kAttProjB), N, C, C,
+                      stream_);
+    k::residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, buf_.proj,
+                                  param(l, kLn2W), param(l, kLn2B), N, C, stream_);
+    k::linear_gelu_forward(mm, a.fch_gelu, a.fch, a.ln2, param(l, kFcW), param(l, kFcB), N, C,
+                           4 * C, stream_);
+    k::linear_forward(mm, buf_.proj, a.fch_gelu, param(l, kFcProjW), param(l, kFcProjB), N, 4 * C,
+                      C, stream_);
+    // residual3 = residual2 + mlp, fused with the layernorm that reads it next.
+    if (l + 1 < L) {
+      BlockActivations& next = buf_.blocks[l + 1];
+      k::residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd,
+                                    a.residual2, buf_.proj, param(l + 1, kLn1W),
+                                    param(l + 1, kLn1B), N, C, stream_);
+    } else {
+      k::residual_layernorm_forward(a.residual3, buf_.lnf, buf_.lnf_mean, buf_.lnf_rstd,
+                                    a.residual2, buf_.proj, param(lnf_w), param(lnf_b), N, C,
+                                    stream_);
+    }
+  }
+  k::classifier_matmul_forward(mm, buf_.logits, buf_.lnf, param(wte), N, C, shape_.Vp, stream_);
+}
+
+void GPT2Cuda::backward(int B, int T) {
+  const int C = shape_.C, NH = shape_.NH, L = shape_.L;
+  const int N = B * T;
+  const long long NC = static_cast<long long>(N) * C;
+  k::Matmul& mm = *matmul_;
+  const TensorLayout& wte = layout_[0];
+  const TensorLayout& wpe = layout_[1];
+  const TensorLayout& lnf_w = layout_[layout_.size() - 2];
+  const TensorLayout& lnf_b = layout_[layout_.size() - 1];
+  bf16* dln = buf_.proj;         // (N, C) scratch
+  bf16* datty = buf_.heads_out;  // (N, C) scratch
+  bf16* dqkv = buf_.qkv;         // (N, 3C) scratch
+
+  // Classifier (tied to wte) and ln_f. buf_.logits holds dlogits.
+  k::classifier_matmul_backward(mm, dln, grad(wte), buf_.logits, buf_.lnf, param(wte), N, C,
+                                shape_.V, shape_.Vp, stream_);
+  LH_CUDA_CHECK(cudaMemsetAsync(buf_.dresidual, 0, NC * sizeof(bf16), stream_));
+  k::layernorm_backward(buf_.dresidual, grad(lnf_w), grad(lnf_b), buf_.fscratch, dln,
+                        buf_.blocks[L - 1].residual3, param(lnf_w), buf_.lnf_mean, buf_.lnf_rstd, N,
+                        C, stream_);
+  // dresidual holds d(block output) on entry to each iteration and d(block input) on exit.
+  for (int l = L - 1; l >= 0; --l) {
+    const BlockActivations& a = buf_.blocks[l];
+    const bf16* residual = l == 0 ? buf_.encoded : buf_.blocks[l - 1].residual3;
+    if (options_.recompute_gelu) k::gelu_forward(a.fch_gelu, a.fch, 4 * NC, stream_);
+    k::linear_backward(mm, buf_.dfch, grad(l, kFcProjW), grad(l, kFcProjB), buf_.fscratch,
+                       buf_.dresidual, a.fch_gelu, param(l, kFcProjW), N, 4 * C, C, stream_);
+    k::gelu_backward_inplace(buf_.dfch, a.fch, 4 * NC, stream_);
+    k::linear_backward(mm, dln, grad(l, kFcW), grad(l, kFcB), buf_.fscratch, buf_.dfch, a.ln2,
+                       param(l, kFcW), N, C, 4 * C, stream_);
+    k::layernorm_backward(buf_.dresidual, grad(l, kLn2W), grad(l, kLn2B), buf_.fscratch, dln,
+                          a.residual2, param(l, kLn2W), a.ln2_mean, a.ln2_rstd, N, C, stream_);
+    k::linear_backward(mm, datty, grad(l, kAttProjW), grad(l, kAttProjB), buf_.fscratch,
+                       buf_.dresidual, a.atty, param(l, kAttProjW), N, C, C, stream_);
+    k::attention_backward(mm, dqkv, buf_.dheads, buf_.datt, datty, a.qkvr, a.att, B, T, C, NH,
+                          stream_);
+    k::linear_backward(mm, dln, grad(l, kQkvW), grad(l, kQkvB), buf_.fscratch, dqkv, a.ln1,
+                       param(l, kQkvW), N, C, 3 * C, stream_);
+    k::layernorm_backward(buf_.dresidual, grad(l, kLn1W), grad(l, kLn1B), buf_.fscratch, dln,
+                          residual, param(l, kLn1W), a.ln1_mean, a.ln1_rstd, N, C, stream_);
+  }
+  k::encoder_backward(grad(wte), grad(wpe), buf_.dresidual, buf_.unique_tokens, buf_.bucket_offsets,
+                      buf_.positions, last_unique_tokens_, B, T, C, stream_);
+}
+
+float GPT2Cuda::mean_loss(int N) {
+  k::sum(buf_.scalars, buf_.fscratch, buf_.losses, N, stream_);
+  LH_CUDA_CHECK(
+      cudaMemcpyAsync(host_scalar_, buf_.scalars, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  LH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host_scalar_[0] / static_cast<float>(N);
+}
+
+float GPT2Cuda::forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                 float loss_scale) {
+  check_inputs(inputs, targets, B, T);
+  const int N = B * T;
+  upload_tokens(inputs, targets, B, T, /*buckets=*/true);
+  forward(B, T);
+  k::fused_classifier(buf_.logits, buf_.losses, buf_.targets, loss_scale / static_cast<float>(N), N,
+                      shape_.V, shape_.Vp, /*write_dlogits=*/true, stream_);
+  backward(B, T);
+  return mean_loss(N);
+}
+
+float GPT2Cuda::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  check_inputs(inputs, targets, B, T);
+  const int N = B * T;
+  upload_tokens(inputs, targets, B, T, /*buckets=*/false);
+  forward(B, T);
+  k::fused_classifier(buf_.logits, buf_.losses, buf_.targets, 0.0f, N, shape_.V, shape_.Vp,
+                      /*write_dlogits=*/false, stream_);
+  return mean_loss(N);
+}
+
+void GPT2Cuda::zero_grad() {
+  LH_CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, num_params_ * sizeof(float), stream_));
+}
+
+float GPT2Cuda::gradient_norm() {
+  k::sum_of_squares(buf_.scalars + 1, buf_.fscratch, buf_.grads,
+                    static_cast<long long>(num_params_), stream_);
+  LH_CUDA_CHECK(cudaMemcpyAsync(host_scalar_ + 1, buf_.scalars + 1, sizeof(float),
+                                cudaMemcpyDeviceToHost, stream_));
+  LH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return std::sqrt(host_scalar_[1]);
+}
+
+void GPT2Cuda::optimizer_step(const model::AdamWOptions& options, float lr, float grad_scale) {
+  ++step_;
+  k::AdamWHyper hyper;
+  hyper.lr = lr;
+  hyper.beta1 = options.beta1;
+  hyper.beta2 = options.beta2;
+  hyper.eps = options.eps;
+  hyper.weight_decay = options.weight_decay;
+  hyper.grad_scale = grad_scale;
+  hyper.t = step_;
+  // The rounding stream of step t from seed s: distinct for every (s, t).
+  hyper.seed = static_cast<uint32_t>((seed_ * 0x9E3779B97F4A7C15ull) ^
+                                     (static_cast<uint64_t>(step_) * 0xBF58476D1CE4E5B9ull) ^
+                                     (static_cast<uint64_t>(step_) >> 32));
+  wait_for_snapshot_on_device();
+  k::adamw_update_chunks(buf_.params, buf_.master, buf_.grads, buf_.m, buf_.v, buf_.chunks,
+                         num_chunks_, hyper, stream_);
+}
+
+const float* GPT2Cuda::owning_buffer(const float* p, size_t n) const {
+  for (const float* base : {buf_.master, buf_.grads, buf_.m, buf_.v}) {
+    if (p >= base && p + n <= base + num_params_) return base;
+  }
+  return nullptr;
+}
+
+void GPT2Cuda::download(std::span<const float> device_src, std::span<float> host_dst) {
+  if (device_src.size() != host_dst.size() ||
+      owning_buffer(device_src.data(), device_src.size()) == nullptr) {
+    throw InvalidArgument(
+        "CUDA model download: the source must be a span of the model's "
+        "parameter, gradient or moment buffers and the destination the same "
+        "size (got " +
+        std::to_string(device_src.size()) + " and " + std::to_string(host_dst.size()) + " floats)");
+  }
+  LH_CUDA_CHECK(cudaMemcpyAsync(host_dst.data(), device_src.data(), device_src.size_bytes(),
+                                cudaMemcpyDeviceToHost, stream_));
+  LH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void GPT2Cuda::upload(std::span<const float> host_src, std::span<float> device_dst) {
+  const float* base = owning_buffer(device_dst.data(), device_dst.size());
+  if (host_src.size() != device_dst.size() || base == nullptr) {
+    throw InvalidArgument(
+        "CUDA model upload: the destination must be a span of the model's "
+        "parameter, gradient or moment buffers and the source the same size "
+        "(got " +
+        std::to_string(host_src.size()) + " and " + std::to_string(device_dst.size()) + " floats)");
+  }
+  wait_for_snapshot_on_device();
+  LH_CUDA_CHECK(cudaMemcpyAsync(device_dst.data(), host_src.data(), host_src.size_bytes(),
+                                cudaMemcpyHostToDevice, stream_));
+  if (base == buf_.master) {
+    const size_t begin = static_cast<size_t>(device_dst.data() - buf_.master);
+    refresh_working_copy(begin, begin + device_dst.size());
+  }
+  LH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void GPT2Cuda::wait_for_snapshot_on_device() {
+  if (snapshot_pending_) LH_CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_, 0));
+}
+
+void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
+  wait_snapshot();  // never two snapshots in flight into the same buffers
+  // Page-lock the destination buffers in place. Registrations of buffers that are no longer
+  // used are dropped first (their memory may have been freed and reused).
+  std::map<const std::byte*, size_t> wanted;
+  for (const HostCopy& c : copies) {
+    if (c.device_src == nullptr || c.host_dst.size() % sizeof(float) != 0 ||
+        owning_buffer(c.device_src, c.host_dst.size() / sizeof(float)) == nullptr) {
+      throw InvalidArgument(
+          "CUDA model snapshot: each copy must read a span of the model's "
+          "buffers into a host buffer of a whole number of floats");
+    }
+    // Small buffers share pages with other heap data: copy those through the driver's staging.
+    if (c.host_dst.size() >= kMinRegisteredBytes) wanted[c.host_dst.data()] = c.host_dst.size();
+  }
+  for (auto it = registered_.begin(); it != registered_.end();) {
+    auto w = wanted.find(it->first);
+    if (w == wanted.end() || (w->second != it->second && it->second != 0)) {
+      if (it->second != 0) cudaHostUnregister(const_cast<std::byte*>(it->first));
+      (void)cudaGetLastError();
+      it = registered_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [pointer, size] : wanted) {
+    if (registered_.count(pointer) != 0) continue;
+    if (cudaHostRegister(const_cast<std::byte*>(pointer), size, cudaHostRegisterDefault) ==
+        cudaSuccess) {
+      registered_[pointer] = size;
+    } else {
+      // Still correct, only slower (staged copies). Remembered with size 0 so that it is neither
+      // retried nor unregistered while the buffer is reused.
+      (void)cudaGetLastError();
+      registered_[pointer] = 0;
+      LH_LOG(WARNING) << "could not page-lock a snapshot buffer; it is copied through staging"
+                      << kv("bytes", size);
+    }
+  }
+  LH_CUDA_CHECK(cudaEventRecord(step_boundary_, stream_));
+  LH_CUDA_CHECK(cudaStreamWaitEvent(snapshot_stream_, step_boundary_, 0));
+  for (const HostCopy& c : copies) {
+    if (c.host_dst.empty()) continue;
+    LH_CUDA_CHECK(cudaMemcpyAsync(c.host_dst.data(), c.device_src, c.host_dst.size(),
+                                  cudaMemcpyDeviceToHost, snapshot_stream_));
+  }
+  LH_CUDA_CHECK(cudaEventRecord(snapshot_done_, snapshot_stream_));
+  snapshot_pending_ = true;
+}
+
+void GPT2Cuda::wait_snapshot() {
+  if (!snapshot_pending_) return;
+  LH_CUDA_CHECK(cudaEventSynchronize(snapshot_done_));
+  snapshot_pending_ = false;
+}
+
+}  // namespace
+
+bool cuda_available(std::string* why) { return k::kernels_runnable(why); }
+
+std::unique_ptr<CudaModel> make_cuda_gpt2(const GPT2Config& config, int max_batch_size,
+                                          int max_seq_len, const CudaOptions& options) {
+  validate_for_cuda(config, max_batch_size, max_seq_len);
+  std::string why;
+  if (!cuda_available(&why)) {
+    throw Unavailable("cannot create the CUDA model: " + why +
+                      "; use device: cpu (or auto to fall back)");
+  }
+  return std::make_unique<GPT2Cuda>(config, max_batch_size, max_seq_len, options);
+}
+
+int64_t cuda_gpt2_memory_bytes(const GPT2Config& config, int max_batch_size, int max_seq_len,
+                               const CudaOptions& options) {
+  validate_for_cuda(config, max_batch_size, max_seq_len);
+  const Shape shape = make_shape(config, max_batch_size, max_seq_len);
+  size_t num_params = 0;
+  const std::vector<TensorLayout> layout = make_layout(config, shape.Vp, &num_params);
+  Buffers buffers;
+  Carver measure(nullptr);
+  carve(measure, buffers, shape, num_params, make_chunks(layout).size(), options.recompute_gelu);
+  return static_cast<int64_t>(measure.used() + k::Matmul::kDefaultWorkspaceBytes);
+}
+
+}  // namespace longhaul::backend_cuda
