@@ -1,0 +1,206 @@
+// Supervisor: the C++ counterpart of tf.train.Supervisor. It owns everything a long training
+// run does besides training: restoring or initialising the model, periodic checkpoints (written
+// in the background), TensorBoard events, the global_step/sec counter, user loops, a clean stop
+// on errors and on SIGTERM, and a final checkpoint.
+//
+// Usage (compare TF's `with sv.managed_session() as sess: while not sv.should_stop(): ...`):
+//
+//   longhaul::supervisor::SupervisorOptions opts;
+//   opts.logdir = "runs/x";
+//   opts.is_chief = rank == 0;
+//   opts.save_model_secs = 600;              // 0 disables the checkpoint service
+//   opts.init_fn = [](TrainingState& s) { load_pretrained(s); };  // only without a checkpoint
+//   longhaul::supervisor::Supervisor sv(opts);
+//   longhaul::supervisor::SignalHandler signals(sv);   // SIGTERM/SIGINT: checkpoint + stop
+//   sv.managed_session(model, [&](Supervisor& sv) {
+//     while (!sv.should_stop()) {
+//       float loss = model.train_step();               // one optimizer step
+//       int64_t step = model.global_step();
+//       if (step % 10 == 0) sv.add_scalar("loss", loss, step);
+//       if (step == max_steps) sv.request_stop();      // ends normally: final checkpoint
+//       sv.step_boundary(step);                        // checkpoints are taken here
+//     }
+//   });
+//   return signals.signal_received() ? 143 : 0;
+//
+// managed_session(state, body), on the chief:
+//   1. restore the latest valid checkpoint (CheckpointManager::latest_valid: corrupt ones are
+//      skipped with a WARNING); if there is none, state.initialize() then init_fn;
+//   2. local_init_fn, then the readiness check (ready_check, default state.uninitialized()):
+//      FailedPrecondition listing what is not initialised;
+//   3. open a new events file, write SessionLog START at the restored step, start the services:
+//      checkpoint service (every save_model_secs it marks a checkpoint due; the snapshot is taken
+//      by the training thread at the next step_boundary(), never by the service thread), summary
+//      service (every save_summaries_secs: summary_fn, then flush), step counter
+//      (`global_step/sec` every save_summaries_secs), and loops added with loop();
+//   4. run body; an exception from body or any service requests a stop with that error;
+//   5. when body returns or throws a clean stop (OutOfRange, Cancelled) and
+//      checkpoint_on_stop is set, take a final checkpoint at the current step (unless that step
+//      was just saved);
+//   6. stop and join the services within stop_grace_secs, finish the checkpoint writes, write
+//      SessionLog STOP with the step, close the events file;
+//   7. re-raise the first error, unless it was a clean stop (OutOfRange, Cancelled).
+// On a non-chief: wait until the chief has initialised or restored the model (the logdir holds
+// a checkpoint state file or the `chief.ready` marker the chief writes after step 2), polling
+// every recovery_wait_secs, DeadlineExceeded after max_wait_secs; then restore the latest valid
+// checkpoint or initialize() (the distributed layer then broadcasts the chief's weights), run
+// local_init_fn and the readiness check, and run body. Non-chiefs write no checkpoint or event.
+//
+// Thread-safety: managed_session, step_boundary, summary_computed/add_scalar/add_histogram from
+// the training thread. should_stop, request_stop, request_checkpoint, loop and the accessors may
+// be called from any thread. summary_fn runs on the summary service thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/coordinator.h"
+#include "longhaul/supervisor/events.h"
+#include "longhaul/supervisor/training_state.h"
+
+namespace longhaul::supervisor {
+
+class Supervisor;
+
+// Defaults are TensorFlow's. For the *_secs intervals, 0 disables the service.
+struct SupervisorOptions {
+  std::filesystem::path logdir;  // required: checkpoints, state file, events
+  bool is_chief = true;
+  std::string checkpoint_basename = "model.ckpt";
+  double save_model_secs = 600;      // checkpoint service interval; 0 disables it
+  double save_summaries_secs = 120;  // summary service + step counter interval; 0 disables
+  double recovery_wait_secs = 30;    // non-chief poll interval
+  double stop_grace_secs = 120;      // time services get to stop once a stop is requested
+  double max_wait_secs = 7200;       // non-chief gives up waiting for the chief after this
+  int max_to_keep = 5;               // 0 keeps every checkpoint
+  double keep_checkpoint_every_n_hours = 10000;
+  bool summaries_enabled = true;   // false: no summary service (TF's summary_op=None)
+  bool write_events = true;        // false: no events file at all (TF's summary_writer=None)
+  bool checkpoint_on_stop = true;  // final checkpoint on a normal end or a clean stop
+  double events_flush_secs = 10;   // events file background flush interval
+
+  // Pre-trained initialisation; called only when the logdir has no valid checkpoint.
+  std::function<void(TrainingState&)> init_fn;
+  // Readiness check: names of what is not initialised; default state.uninitialized().
+  std::function<std::vector<std::string>(const TrainingState&)> ready_check;
+  // Called after restore/initialisation on every replica (TF's local_init_op).
+  std::function<void(TrainingState&)> local_init_fn;
+  // Called on the summary service thread every save_summaries_secs (may call add_scalar...).
+  std::function<void(Supervisor&)> summary_fn;
+  // Observers of saves and restores (e.g. the metrics layer); not owned.
+  std::vector<CheckpointListener*> checkpoint_listeners;
+};
+
+// The marker file a chief writes into the logdir once the model is initialised or restored.
+inline constexpr std::string_view kChiefReadyFile = "chief.ready";
+
+class Supervisor {
+ public:
+  // Validates options (InvalidArgument naming the option). On the chief, creates the logdir,
+  // checks it is writable, and removes temp files left by a crashed writer.
+  explicit Supervisor(SupervisorOptions options);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Runs `body` in a managed session (see the top of this file). Returns normally when training
+  // ended or stopped cleanly; otherwise rethrows the first error after cleanup.
+  void managed_session(TrainingState& state, const std::function<void(Supervisor&)>& body);
+
+  // Called by the training loop once per step, after the optimizer step. Takes a checkpoint
+  // when one is due. Costs one atomic load when nothing is due.
+  void step_boundary(int64_t step) {
+    if (checkpoint_due_.load(std::memory_order_relaxed) != 0) take_due_checkpoint(step);
+  }
+
+  bool should_stop() const { return coord_.should_stop(); }
+  // Requests a stop; `error` is re-raised by managed_session unless it is a clean stop.
+  void request_stop(std::exception_ptr error = nullptr) { coord_.request_stop(error); }
+  // Asks for a checkpoint at the next step boundary (queued even if a write is in flight).
+  // Safe from any thread.
+  void request_checkpoint() { checkpoint_due_.fetch_or(kForced, std::memory_order_relaxed); }
+
+  // Starts a user loop: `fn` every `interval_secs` (first run one interval from now) on its own
+  // thread, stopped with the services. Only inside managed_session.
+  void loop(double interval_secs, std::function<void()> fn, std::string name = "user_loop");
+
+  // Summaries computed on the training thread. No-ops on non-chiefs and when summaries are off.
+  void summary_computed(const tensorboard::Summary& summary, int64_t step);
+  void add_scalar(std::string_view tag, double value, int64_t step);
+  void add_histogram(std::string_view tag, std::span<const float> values, int64_t step);
+
+  Coordinator& coord() { return coord_; }
+  const SupervisorOptions& options() const { return options_; }
+  bool is_chief() const { return options_.is_chief; }
+  // The checkpoint manager (chief only; null on non-chiefs, which never write checkpoints).
+  CheckpointManager* checkpoint_manager() { return manager_.get(); }
+  // The step restored from, or nullopt when the session initialised from scratch.
+  std::optional<int64_t> restored_step() const { return restored_step_; }
+  // The events file of the current session (chief with summaries on), else empty.
+  std::filesystem::path events_file() const;
+  // Saves so far in this process, by the checkpoint service, requests and the final save.
+  int64_t checkpoints_saved() const;
+
+ private:
+  static constexpr int kPeriodic = 1;
+  static constexpr int kForced = 2;
+
+  void take_due_checkpoint(int64_t step);
+  void prepare_chief(TrainingState& state);
+  void prepare_non_chief(TrainingState& state);
+  void check_ready(const TrainingState& state, std::string_view how);
+  void start_services(TrainingState& state);
+  void finish_session(TrainingState& state, bool clean_end);
+  bool save_now(AsyncCheckpointer::Mode mode);
+
+  SupervisorOptions options_;
+  Coordinator coord_;
+  std::unique_ptr<CheckpointManager> manager_;
+  std::unique_ptr<AsyncCheckpointer> checkpointer_;
+  std::unique_ptr<EventsWriter> events_;  // guarded by events_mu_; open during a chief session
+  mutable std::mutex events_mu_;          // guards events_ (the pointer; the writer locks itself)
+  TrainingState* state_ = nullptr;        // during managed_session only
+  std::atomic<int> checkpoint_due_{0};
+  std::atomic<int64_t> last_saved_step_{-1};
+  std::optional<int64_t> restored_step_;
+  std::atomic<bool> in_session_{false};
+};
+
+// Turns SIGTERM / SIGINT into supervisor.request_checkpoint() + request_stop(Cancelled): a final
+// checkpoint and a clean exit. The handler only writes the signal number to a self-pipe
+// (async-signal-safe); a watcher thread does the rest. One SignalHandler at a time per process;
+// the destructor restores the previous handlers and joins the watcher.
+class SignalHandler {
+ public:
+  explicit SignalHandler(Supervisor& supervisor, std::vector<int> signals = {SIGTERM, SIGINT});
+  ~SignalHandler();
+  SignalHandler(const SignalHandler&) = delete;
+  SignalHandler& operator=(const SignalHandler&) = delete;
+
+  // The first signal received (0 when none): the worker exits 143 after SIGTERM.
+  int signal_received() const { return received_.load(); }
+
+ private:
+  void watch();
+  Supervisor& supervisor_;
+  std::vector<int> signals_;
+  std::vector<struct sigaction> previous_;
+  std::atomic<int> received_{0};
+  std::thread watcher_;
+};
+
+}  // namespace longhaul::supervisor

@@ -1,0 +1,379 @@
+#include "longhaul/supervisor/safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "longhaul/base/crc32c.h"
+#include "longhaul/base/error.h"
+#include "longhaul/base/file.h"
+
+namespace longhaul::supervisor {
+namespace {
+
+// The Rust reference implementation refuses headers above 100 MB; so do we.
+constexpr uint64_t kMaxHeaderSize = 100'000'000;
+
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+bool parse_hex32(const std::string& s, uint32_t& out) {
+  if (s.size() != 8) return false;
+  uint32_t v = 0;
+  for (char c : s) {
+    v <<= 4;
+    if (c >= '0' && c <= '9') {
+      v |= static_cast<uint32_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      v |= static_cast<uint32_t>(c - 'a' + 10);
+    } else if (c >= 'A' && c <= 'F') {
+      v |= static_cast<uint32_t>(c - 'A' + 10);
+    } else {
+      return false;
+    }
+  }
+  out = v;
+  return true;
+}
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
+  throw DataLoss("safetensors file " + path + " is corrupt or truncated: " + what +
+                 "; restore it from a copy or delete it");
+}
+
+}  // namespace
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
+                           const std::map<std::string, std::string>& metadata) {
+  std::set<std::string_view> names;
+  nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  uint64_t offset = 0;
+  std::vector<nlohmann::ordered_json> entries;
+  for (const auto& t : tensors) {
+    const TensorSpec& spec = *t.spec;
+    if (spec.name.empty() || spec.name == "__metadata__") {
+      throw InvalidArgument("cannot write tensor named \"" + spec.name + "\" to " + path.string() +
+                            ": the name is reserved or empty");
+    }
+    if (!names.insert(spec.name).second) {
+      throw InvalidArgument("tensor " + spec.name + " appears twice in checkpoint " +
+                            path.string());
+    }
+    if (t.bytes.size() != spec.nbytes()) {
+      throw InvalidArgument("tensor " + spec.name + " has " + std::to_string(t.bytes.size()) +
+                            " bytes but its spec " + std::string(dtype_name(spec.dtype)) +
+                            shape_string(spec.shape) + " needs " + std::to_string(spec.nbytes()));
+    }
+    crcs[spec.name] = hex32(crc32c::value(t.bytes.data(), t.bytes.size()));
+  }
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  if (!meta.contains("format")) meta["format"] = "pt";
+  meta[std::string(kCrc32cMetadataKey)] = crcs.dump();
+  header["__metadata__"] = meta;
+  for (const auto& t : tensors) {
+    const TensorSpec& spec = *t.spec;
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["dtype"] = dtype_name(spec.dtype);
+    e["shape"] = spec.shape;
+    e["data_offsets"] = {offset, offset + t.bytes.size()};
+    offset += t.bytes.size();
+    header[spec.name] = std::move(e);
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  uint64_t n = json.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+
+  file::AtomicFile out(path);
+  out.write(len, 8);
+  out.write(json);
+  for (const auto& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+  uint64_t total = out.bytes_written();
+  out.commit();
+  return total;
+}
+
+uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& snapshot) {
+  if (snapshot.specs.size() != snapshot.buffers.size()) {
+    throw InvalidArgument("snapshot for " + path.string() + " has " +
+                          std::to_string(snapshot.specs.size()) + " specs but " +
+                          std::to_string(snapshot.buffers.size()) + " buffers");
+  }
+  std::vector<TensorView> views;
+  views.reserve(snapshot.specs.size());
+  for (size_t i = 0; i < snapshot.specs.size(); ++i) {
+    views.push_back(TensorView{&snapshot.specs[i], snapshot.buffers[i]});
+  }
+  auto metadata = snapshot.metadata;
+  metadata["global_step"] = std::to_string(snapshot.step);
+  return write_safetensors(path, views, metadata);
+}
+
+SafetensorsReader::SafetensorsReader(std::filesystem::path path)
+    : SafetensorsReader(std::move(path), Options{}) {}
+
+SafetensorsReader::SafetensorsReader(std::filesystem::path path, Options options)
+    : path_(path.string()), options_(options) {
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open checkpoint", path_, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw_errno("cannot stat checkpoint", path_, e);
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (size_ > 0) {
+    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      throw_errno("cannot map checkpoint", path_, e);
+    }
+    map_ = static_cast<const std::byte*>(m);
+  }
+  ::close(fd);
+
+  try {
+    if (size_ < 8)
+      corrupt(path_,
+              "file has " + std::to_string(size_) + " bytes, less than the 8-byte header length");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(map_[i]);
+    if (n > kMaxHeaderSize)
+      corrupt(path_, "header length " + std::to_string(n) + " is implausible");
+    if (8 + n > size_) {
+      corrupt(path_, "header length " + std::to_string(n) + " runs past the end of the " +
+                         std::to_string(size_) + "-byte file");
+    }
+    const char* hp = reinterpret_cast<const char*>(map_ + 8);
+    if (n == 0 || hp[0] != '{') corrupt(path_, "header does not start with a JSON object");
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(hp, hp + n);
+    } catch (const nlohmann::json::exception& e) {
+      corrupt(path_, std::string("header is not valid JSON (") + e.what() + ")");
+    }
+    if (!header.is_object()) corrupt(path_, "header is not a JSON object");
+
+    const uint64_t data_start = 8 + n;
+    const uint64_t data_size = size_ - data_start;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string& name = it.key();
+      const auto& v = it.value();
+      if (name == "__metadata__") {
+        if (!v.is_object()) corrupt(path_, "__metadata__ is not an object");
+        for (auto m = v.begin(); m != v.end(); ++m) {
+          if (!m.value().is_string())
+            corrupt(path_, "__metadata__ value " + m.key() + " is not a string");
+          metadata_[m.key()] = m.value().get<std::string>();
+        }
+        continue;
+      }
+      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+          !v.contains("data_offsets")) {
+        corrupt(path_, "tensor " + name + " lacks dtype, shape or data_offsets");
+      }
+      Entry e;
+      e.spec.name = name;
+      if (!v["dtype"].is_string()) corrupt(path_, "tensor " + name + " has a non-string dtype");
+      try {
+        e.spec.dtype = dtype_from_name(v["dtype"].get<std::string>());
+      } catch (const InvalidArgument& err) {
+        corrupt(path_, "tensor " + name + ": " + err.what());
+      }
+      if (!v["shape"].is_array()) corrupt(path_, "tensor " + name + " has a non-array shape");
+      for (const auto& d : v["shape"]) {
+        if (!d.is_number_unsigned()) corrupt(path_, "tensor " + name + " has a bad dimension");
+        e.spec.shape.push_back(d.get<int64_t>());
+      }
+      const auto& off = v["data_offsets"];
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+          !off[1].is_number_unsigned()) {
+        corrupt(path_, "tensor " + name + " has malformed data_offsets");
+      }
+      uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+      if (b > en || en > data_size) {
+        corrupt(path_, "tensor " + name + " data_offsets [" + std::to_string(b) + ", " +
+                           std::to_string(en) + "] lie outside the " + std::to_string(data_size) +
+                           "-byte data section");
+      }
+      size_t nbytes = 0;
+      try {
+        nbytes = e.spec.nbytes();
+      } catch (const InvalidArgument& err) {
+        corrupt(path_, err.what());
+      }
+      if (en - b != nbytes) {
+        corrupt(path_, "tensor " + name + " spans " + std::to_string(en - b) + " bytes but " +
+                           std::string(dtype_name(e.spec.dtype)) + shape_string(e.spec.shape) +
+                           " needs " + std::to_string(nbytes));
+      }
+      e.begin = data_start + b;
+      e.end = data_start + en;
+      entries_.push_back(std::move(e));
+    }
+    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+      return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+    });
+    uint64_t expect = data_start;
+    for (const auto& e : entries_) {
+      if (e.begin != expect) {
+        corrupt(path_, e.begin > expect
+                           ? "gap of " + std::to_string(e.begin - expect) +
+                                 " bytes before tensor " + e.spec.name
+                           : "tensor " + e.spec.name + " overlaps the previous tensor");
+      }
+      expect = e.end;
+    }
+    if (expect != size_) {
+      corrupt(path_, std::to_string(size_ - expect) +
+                         " bytes after the last tensor are not covered by the header");
+    }
+
+    std::map<std::string, uint32_t, std::less<>> crcs;
+    if (auto it = metadata_.find(std::string(kCrc32cMetadataKey)); it != metadata_.end()) {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(it->second);
+      } catch (const nlohmann::json::exception&) {
+        corrupt(path_, "__metadata__.crc32c is not a JSON object");
+      }
+      if (!j.is_object()) corrupt(path_, "__metadata__.crc32c is not a JSON object");
+      for (auto c = j.begin(); c != j.end(); ++c) {
+        uint32_t v = 0;
+        if (!c.value().is_string() || !parse_hex32(c.value().get<std::string>(), v)) {
+          corrupt(path_, "__metadata__.crc32c has a malformed checksum for " + c.key());
+        }
+        crcs[c.key()] = v;
+      }
+    }
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      auto& e = entries_[i];
+      if (!index_.emplace(e.spec.name, i).second)
+        corrupt(path_, "tensor " + e.spec.name + " listed twice");
+      if (auto c = crcs.find(e.spec.name); c != crcs.end()) {
+        e.has_crc = true;
+        e.crc = c->second;
+      } else if (options_.require_checksums) {
+        corrupt(path_, "tensor " + e.spec.name + " has no CRC-32C in __metadata__.crc32c");
+      }
+    }
+    verified_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
+  } catch (...) {
+    if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
+}
+
+bool SafetensorsReader::contains(std::string_view name) const { return index_.contains(name); }
+
+std::vector<std::string> SafetensorsReader::tensor_names() const {
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const auto& e : entries_) names.push_back(e.spec.name);
+  return names;
+}
+
+std::vector<TensorSpec> SafetensorsReader::specs() const {
+  std::vector<TensorSpec> specs;
+  specs.reserve(entries_.size());
+  for (const auto& e : entries_) specs.push_back(e.spec);
+  return specs;
+}
+
+const SafetensorsReader::Entry& SafetensorsReader::entry(std::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    throw NotFound("tensor " + std::string(name) + " is not in checkpoint " + path_);
+  }
+  return entries_[it->second];
+}
+
+const TensorSpec& SafetensorsReader::spec(std::string_view name) const { return entry(name).spec; }
+
+void SafetensorsReader::verify(size_t i) const {
+  const Entry& e = entries_[i];
+  if (!e.has_crc || verified_[i].load(std::memory_order_acquire)) return;
+  uint32_t actual = crc32c::value(map_ + e.begin, e.end - e.begin);
+  if (actual != e.crc) {
+    corrupt(path_, "tensor " + e.spec.name + " fails its CRC-32C check (stored " + hex32(e.crc) +
+                       ", computed " + hex32(actual) + ")");
+  }
+  verified_[i].store(true, std::memory_order_release);
+}
+
+std::span<const std::byte> SafetensorsReader::data(std::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    throw NotFound("tensor " + std::string(name) + " is not in checkpoint " + path_);
+  }
+  verify(it->second);
+  const Entry& e = entries_[it->second];
+  return {map_ + e.begin, static_cast<size_t>(e.end - e.begin)};
+}
+
+void SafetensorsReader::verify_all() const {
+  for (size_t i = 0; i < entries_.size(); ++i) verify(i);
+}
+
+int64_t SafetensorsReader::global_step() const {
+  auto it = metadata_.find("global_step");
+  if (it == metadata_.end()) return -1;
+  try {
+    return std::stoll(it->second);
+  } catch (const std::exception&) {
+    corrupt(path_, "__metadata__.global_step \"" + it->second + "\" is not an integer");
+  }
+}
+
+void check_compatible(const std::vector<TensorSpec>& expected, const TensorSource& source) {
+  auto fail = [&](const std::string& what) {
+    throw FailedPrecondition("checkpoint " + source.path() + " does not match the model: " + what +
+                             "; use a logdir written by the same model configuration, or start "
+                             "a fresh logdir");
+  };
+  for (const auto& want : expected) {
+    if (!source.contains(want.name))
+      fail("tensor " + want.name + " is missing from the checkpoint");
+    const TensorSpec& have = source.spec(want.name);
+    if (have.dtype != want.dtype) {
+      fail("tensor " + want.name + " has dtype " + std::string(dtype_name(have.dtype)) +
+           " in the checkpoint but the model expects " + std::string(dtype_name(want.dtype)));
+    }
+    if (have.shape != want.shape) {
+      fail("tensor " + want.name + " has shape " + shape_string(have.shape) +
+           " in the checkpoint but the model expects " + shape_string(want.shape));
+    }
+  }
+}
+
+}  // namespace longhaul::supervisor

@@ -1,0 +1,86 @@
+// SignalHandler: SIGTERM/SIGINT -> final checkpoint + clean stop. The signal handler itself only
+// writes the signal number to a self-pipe (write(2) is async-signal-safe); the watcher thread
+// reads it and talks to the Supervisor.
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/supervisor/supervisor.h"
+
+namespace longhaul::supervisor {
+namespace {
+
+int g_pipe[2] = {-1, -1};
+std::atomic<bool> g_installed{false};
+
+extern "C" void longhaul_on_signal(int signo) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(signo);
+  ssize_t rc = ::write(g_pipe[1], &b, 1);
+  (void)rc;
+  errno = saved;
+}
+
+}  // namespace
+
+SignalHandler::SignalHandler(Supervisor& supervisor, std::vector<int> signals)
+    : supervisor_(supervisor), signals_(std::move(signals)) {
+  if (g_installed.exchange(true)) {
+    throw FailedPrecondition("only one SignalHandler may exist at a time in a process");
+  }
+  if (::pipe2(g_pipe, O_CLOEXEC) != 0) {
+    g_installed = false;
+    throw_errno("cannot create the signal self-pipe", "", errno);
+  }
+  ::fcntl(g_pipe[1], F_SETFL, O_NONBLOCK);  // a full pipe must never block a handler
+  watcher_ = std::thread([this] { watch(); });
+  previous_.resize(signals_.size());
+  for (size_t i = 0; i < signals_.size(); ++i) {
+    struct sigaction sa {};
+    sa.sa_handler = longhaul_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(signals_[i], &sa, &previous_[i]);
+  }
+}
+
+SignalHandler::~SignalHandler() {
+  for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &previous_[i], nullptr);
+  unsigned char stop = 0;
+  while (::write(g_pipe[1], &stop, 1) < 0 && errno == EINTR) {
+  }
+  if (watcher_.joinable()) watcher_.join();
+  ::close(g_pipe[0]);
+  ::close(g_pipe[1]);
+  g_pipe[0] = g_pipe[1] = -1;
+  g_installed = false;
+}
+
+void SignalHandler::watch() {
+  while (true) {
+    unsigned char b = 0;
+    ssize_t n = ::read(g_pipe[0], &b, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || b == 0) return;
+    int signo = b;
+    int expected = 0;
+    if (!received_.compare_exchange_strong(expected, signo)) {
+      LH_LOG(ERROR) << "second signal while stopping: exiting at once without a final checkpoint"
+                    << kv("signal", strsignal(signo));
+      std::_Exit(128 + signo);
+    }
+    LH_LOG(WARNING) << "signal received: taking a final checkpoint and stopping"
+                    << kv("signal", strsignal(signo));
+    supervisor_.request_checkpoint();
+    supervisor_.request_stop(
+        std::make_exception_ptr(Cancelled(std::string("stopped by ") + strsignal(signo))));
+  }
+}
+
+}  // namespace longhaul::supervisor

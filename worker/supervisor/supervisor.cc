@@ -1,0 +1,346 @@
+#include "longhaul/supervisor/supervisor.h"
+
+#include <chrono>
+#include <thread>
+
+#include "longhaul/base/error.h"
+#include "longhaul/base/file.h"
+#include "longhaul/base/log.h"
+
+namespace longhaul::supervisor {
+namespace {
+
+bool is_clean(const std::exception_ptr& e) {
+  if (!e) return true;
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err.code() == Code::kOutOfRange || err.code() == Code::kCancelled;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+void check_secs(double v, const char* name) {
+  if (!(v >= 0)) {
+    throw InvalidArgument(std::string("supervisor option ") + name +
+                          " must be >= 0 (0 disables), got " + std::to_string(v));
+  }
+}
+
+}  // namespace
+
+Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options)) {
+  if (options_.logdir.empty()) throw InvalidArgument("supervisor option logdir must be set");
+  if (options_.checkpoint_basename.empty()) {
+    throw InvalidArgument("supervisor option checkpoint_basename must not be empty");
+  }
+  check_secs(options_.save_model_secs, "save_model_secs");
+  check_secs(options_.save_summaries_secs, "save_summaries_secs");
+  check_secs(options_.recovery_wait_secs, "recovery_wait_secs");
+  check_secs(options_.stop_grace_secs, "stop_grace_secs");
+  check_secs(options_.max_wait_secs, "max_wait_secs");
+  check_secs(options_.keep_checkpoint_every_n_hours, "keep_checkpoint_every_n_hours");
+  check_secs(options_.events_flush_secs, "events_flush_secs");
+  if (options_.max_to_keep < 0) throw InvalidArgument("supervisor option max_to_keep must be >= 0");
+  if (options_.is_chief) {
+    manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
+        options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
+        options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
+    // A marker from an earlier run must not tell non-chiefs the model is ready before this
+    // chief has restored it.
+    std::error_code ec;
+    std::filesystem::remove(options_.logdir / kChiefReadyFile, ec);
+  }
+}
+
+Supervisor::~Supervisor() {
+  if (checkpointer_) checkpointer_->stop();
+  std::lock_guard lock(events_mu_);
+  events_.reset();
+}
+
+std::filesystem::path Supervisor::events_file() const {
+  std::lock_guard lock(events_mu_);
+  return events_ ? events_->path() : std::filesystem::path();
+}
+
+int64_t Supervisor::checkpoints_saved() const { return checkpointer_ ? checkpointer_->saves() : 0; }
+
+void Supervisor::check_ready(const TrainingState& state, std::string_view how) {
+  auto missing = options_.ready_check ? options_.ready_check(state) : state.uninitialized();
+  if (missing.empty()) return;
+  std::string names;
+  for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+  throw FailedPrecondition("model is not ready after " + std::string(how) + ": not initialised: " +
+                           names + "; the init/restore code or init_fn must set them");
+}
+
+void Supervisor::prepare_chief(TrainingState& state) {
+  std::vector<std::filesystem::path> skipped;
+  auto reader = manager_->latest_valid(&skipped);
+  if (reader) {
+    check_compatible(state.tensor_specs(), *reader);
+    state.restore(*reader);
+    restored_step_ = state.global_step();
+    last_saved_step_ = *restored_step_;
+    LH_LOG(INFO) << "restored checkpoint" << kv("path", reader->path())
+                 << kv("step", *restored_step_);
+    for (auto* l : options_.checkpoint_listeners) l->on_restored(*restored_step_);
+  } else {
+    if (!skipped.empty()) {
+      std::string names;
+      for (const auto& s : skipped) names += (names.empty() ? "" : ", ") + s.string();
+      throw DataLoss("no checkpoint in " + options_.logdir.string() +
+                     " can be restored; all are corrupt or truncated: " + names +
+                     ". Move them away to start training from scratch");
+    }
+    state.initialize();
+    if (options_.init_fn) options_.init_fn(state);
+    LH_LOG(INFO) << "initialised model from scratch" << kv("logdir", options_.logdir.string())
+                 << kv("init_fn", options_.init_fn ? "yes" : "no");
+  }
+  if (options_.local_init_fn) options_.local_init_fn(state);
+  check_ready(state, reader ? "restoring " + reader->path() : std::string("initialisation"));
+  file::write_atomically(options_.logdir / kChiefReadyFile,
+                         "step: " + std::to_string(state.global_step()) + "\n");
+}
+
+void Supervisor::prepare_non_chief(TrainingState& state) {
+  using Clock = Coordinator::Clock;
+  const auto deadline = Clock::now() + seconds(options_.max_wait_secs);
+  while (true) {
+    std::error_code ec;
+    if (std::filesystem::exists(options_.logdir / kCheckpointStateFile, ec) ||
+        std::filesystem::exists(options_.logdir / kChiefReadyFile, ec)) {
+      break;
+    }
+    auto now = Clock::now();
+    if (now >= deadline) {
+      throw DeadlineExceeded("the chief did not initialise the model in " +
+                             options_.logdir.string() +
+                             " within max_wait_secs=" + std::to_string(options_.max_wait_secs) +
+                             " s; check that the chief replica is running and shares the logdir");
+    }
+    LH_LOG(INFO) << "waiting for the chief to initialise the model"
+                 << kv("logdir", options_.logdir.string());
+    auto wait = std::min(deadline - now, seconds(options_.recovery_wait_secs));
+    if (coord_.wait_for_stop(std::max(wait, Clock::duration(std::chrono::milliseconds(1))))) {
+      throw Cancelled("stop requested while waiting for the chief");
+    }
+  }
+  CheckpointManager reader_manager(CheckpointManagerOptions{
+      options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
+      options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/false});
+  auto reader = reader_manager.latest_valid();
+  if (reader) {
+    check_compatible(state.tensor_specs(), *reader);
+    state.restore(*reader);
+    restored_step_ = state.global_step();
+    for (auto* l : options_.checkpoint_listeners) l->on_restored(*restored_step_);
+  } else {
+    state.initialize();
+  }
+  if (options_.local_init_fn) options_.local_init_fn(state);
+  check_ready(state, reader ? "restoring " + reader->path() : std::string("initialisation"));
+}
+
+void Supervisor::start_services(TrainingState& state) {
+  if (options_.write_events) {
+    auto writer = std::make_unique<EventsWriter>(
+        options_.logdir, EventsWriter::Options{.flush_secs = options_.events_flush_secs});
+    writer->add_session_log(tensorboard::SessionLog::START, state.global_step());
+    writer->flush();
+    std::lock_guard lock(events_mu_);
+    events_ = std::move(writer);
+  }
+  checkpointer_ = std::make_unique<AsyncCheckpointer>(
+      *manager_, &coord_, options_.checkpoint_listeners, [this](const CheckpointStats& st) {
+        std::lock_guard lock(events_mu_);
+        if (events_) {
+          events_->add_session_log(tensorboard::SessionLog::CHECKPOINT, st.step, st.file.string());
+        }
+      });
+  if (options_.save_model_secs > 0) {
+    Looper::start(coord_, "checkpoint_service", seconds(options_.save_model_secs),
+                  [this] { checkpoint_due_.fetch_or(kPeriodic, std::memory_order_relaxed); });
+  }
+  if (options_.save_summaries_secs > 0) {
+    if (options_.summaries_enabled) {
+      Looper::start(coord_, "summary_service", seconds(options_.save_summaries_secs), [this] {
+        if (options_.summary_fn) options_.summary_fn(*this);
+        std::lock_guard lock(events_mu_);
+        if (events_) events_->flush();
+      });
+    }
+    if (options_.write_events) {
+      struct Counter {
+        int64_t step;
+        Coordinator::Clock::time_point time;
+      };
+      auto last =
+          std::make_shared<Counter>(Counter{state.global_step(), Coordinator::Clock::now()});
+      Looper::start(coord_, "step_counter", seconds(options_.save_summaries_secs),
+                    [this, &state, last] {
+                      int64_t step = state.global_step();
+                      auto now = Coordinator::Clock::now();
+                      double dt = std::chrono::duration<double>(now - last->time).count();
+                      if (dt > 0) add_scalar("global_step/sec", (step - last->step) / dt, step);
+                      *last = Counter{step, now};
+                    });
+    }
+  }
+}
+
+bool Supervisor::save_now(AsyncCheckpointer::Mode mode) {
+  TrainingState* state = state_;
+  return checkpointer_->request(
+      [this, state](Snapshot& s) {
+        s.step = state->global_step();
+        state->snapshot(s);
+        last_saved_step_.store(s.step);
+      },
+      mode);
+}
+
+void Supervisor::take_due_checkpoint(int64_t /*step*/) {
+  int due = checkpoint_due_.load(std::memory_order_relaxed);
+  if (!checkpointer_ || state_ == nullptr || !in_session_.load()) {
+    checkpoint_due_.fetch_and(~due);
+    return;
+  }
+  auto mode =
+      (due & kForced) != 0 ? AsyncCheckpointer::Mode::kQueue : AsyncCheckpointer::Mode::kSkipIfBusy;
+  // When skipped (a write in flight), the bits stay set and the next boundary tries again.
+  if (save_now(mode)) checkpoint_due_.fetch_and(~due);
+}
+
+void Supervisor::loop(double interval_secs, std::function<void()> fn, std::string name) {
+  if (!in_session_.load()) {
+    throw FailedPrecondition("Supervisor::loop(" + name + ") called outside managed_session");
+  }
+  if (interval_secs <= 0) return;  // 0 disables, as for the services
+  Looper::start(coord_, std::move(name), seconds(interval_secs), std::move(fn));
+}
+
+void Supervisor::summary_computed(const tensorboard::Summary& summary, int64_t step) {
+  std::lock_guard lock(events_mu_);
+  if (events_) events_->add_summary(summary, step);
+}
+
+void Supervisor::add_scalar(std::string_view tag, double value, int64_t step) {
+  std::lock_guard lock(events_mu_);
+  if (events_) events_->add_scalar(tag, value, step);
+}
+
+void Supervisor::add_histogram(std::string_view tag, std::span<const float> values, int64_t step) {
+  std::lock_guard lock(events_mu_);
+  if (events_) events_->add_histogram(tag, values, step);
+}
+
+void Supervisor::managed_session(TrainingState& state,
+                                 const std::function<void(Supervisor&)>& body) {
+  if (in_session_.exchange(true)) {
+    throw FailedPrecondition("managed_session is already running on this Supervisor");
+  }
+  struct SessionFlag {
+    Supervisor* sv;
+    ~SessionFlag() {
+      sv->in_session_.store(false);
+      sv->state_ = nullptr;
+    }
+  } flag{this};
+  coord_.clear_stop();
+  checkpoint_due_.store(0);
+  restored_step_.reset();
+  state_ = &state;
+
+  // 1-2. Restore or initialise; readiness. Nothing is running yet, errors propagate directly,
+  // except a stop requested while a non-chief waits (clean: return).
+  try {
+    if (options_.is_chief) {
+      prepare_chief(state);
+    } else {
+      prepare_non_chief(state);
+    }
+  } catch (const Cancelled&) {
+    LH_LOG(INFO) << "stopped before the session started";
+    return;
+  }
+
+  // 3-4. Services and body.
+  std::exception_ptr body_error;
+  try {
+    if (options_.is_chief) start_services(state);
+    body(*this);
+  } catch (...) {
+    body_error = std::current_exception();
+    coord_.request_stop(body_error);
+  }
+  // 5. Final checkpoint on a clean end or a clean stop, on the training thread.
+  finish_session(state, is_clean(body_error) && is_clean(coord_.error()));
+
+  // 7. Re-raise after cleanup.
+  std::exception_ptr error = coord_.error();
+  if (!error && !is_clean(body_error)) error = body_error;
+  if (error && !is_clean(error)) std::rethrow_exception(error);
+  if (error || body_error) {
+    LH_LOG(INFO) << "session stopped cleanly" << kv("reason", describe(error ? error : body_error));
+  }
+  auto stragglers = coord_.running_threads();
+  if (!stragglers.empty()) {
+    std::string names;
+    for (const auto& n : stragglers) names += (names.empty() ? "" : ", ") + n;
+    throw DeadlineExceeded("supervisor services did not stop within stop_grace_secs=" +
+                           std::to_string(options_.stop_grace_secs) + " s: " + names);
+  }
+}
+
+void Supervisor::finish_session(TrainingState& state, bool clean_end) {
+  if (options_.is_chief && checkpointer_ && clean_end && options_.checkpoint_on_stop &&
+      last_saved_step_.load() != state.global_step()) {
+    try {
+      save_now(AsyncCheckpointer::Mode::kQueue);
+    } catch (...) {
+      coord_.request_stop(std::current_exception());
+    }
+  }
+  // 6. Stop and join the services, finish the writes, close the events file.
+  coord_.request_stop();
+  try {
+    coord_.join(seconds(options_.stop_grace_secs));
+  } catch (const std::exception& e) {
+    // The error itself stays recorded in the coordinator (or shows as stragglers).
+    LH_LOG(DEBUG) << "services joined with" << kv("error", e.what());
+  }
+  if (checkpointer_) {
+    checkpointer_->stop();  // finishes the in-flight and final writes
+  }
+  std::unique_ptr<EventsWriter> events;
+  {
+    std::lock_guard lock(events_mu_);
+    events.swap(events_);
+  }
+  if (events) {
+    try {
+      events->add_session_log(tensorboard::SessionLog::STOP, state.global_step());
+      events->close();
+    } catch (...) {
+      coord_.request_stop(std::current_exception());
+    }
+  }
+  LH_LOG(INFO) << "session ended" << kv("step", state.global_step())
+               << kv("checkpoints_saved", checkpoints_saved());
+}
+
+}  // namespace longhaul::supervisor

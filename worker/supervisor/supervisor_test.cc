@@ -1,0 +1,436 @@
+// Supervisor::managed_session with a toy TrainingState: restore vs init + init_fn, services,
+// errors, clean stops, non-chief waiting, final checkpoints, session logs, signals.
+#include "longhaul/supervisor/supervisor.h"
+
+#include <csignal>
+#include <future>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "longhaul/base/error.h"
+#include "test_util.h"
+
+namespace longhaul::supervisor {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::list_dir;
+using testing::TempDir;
+using testing::ToyState;
+using testing::wait_until;
+
+SupervisorOptions quiet_options(const std::filesystem::path& logdir) {
+  SupervisorOptions o;
+  o.logdir = logdir;
+  o.save_model_secs = 0;
+  o.save_summaries_secs = 0;
+  o.stop_grace_secs = 10;
+  o.events_flush_secs = 0;
+  return o;
+}
+
+// Trains `steps` steps, calling step_boundary after each.
+std::function<void(Supervisor&)> train(ToyState& state, int steps) {
+  return [&state, steps](Supervisor& sv) {
+    for (int i = 0; i < steps && !sv.should_stop(); ++i) {
+      state.train_step();
+      sv.step_boundary(state.global_step());
+    }
+  };
+}
+
+std::vector<tensorboard::Event> all_events(const std::filesystem::path& logdir) {
+  std::vector<tensorboard::Event> out;
+  for (const auto& f : list_events_files(logdir)) {
+    for (auto& e : EventsReader::read_all(f)) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<std::pair<int, int64_t>> session_logs(const std::filesystem::path& logdir) {
+  std::vector<std::pair<int, int64_t>> out;
+  for (const auto& e : all_events(logdir)) {
+    if (e.has_session_log()) out.emplace_back(e.session_log().status(), e.step());
+  }
+  return out;
+}
+
+bool has_checkpoint(const std::filesystem::path& logdir, int64_t step) {
+  return std::filesystem::exists(logdir / ("model.ckpt-" + std::to_string(step) + ".safetensors"));
+}
+
+TEST(Supervisor, InitialisesAndRunsInitFnWhenTheLogdirHasNoCheckpoint) {
+  TempDir dir;
+  ToyState state;
+  int init_fn_calls = 0;
+  auto opts = quiet_options(dir.path());
+  opts.init_fn = [&](TrainingState&) { ++init_fn_calls; };
+  Supervisor sv(opts);
+  sv.managed_session(state, train(state, 5));
+  EXPECT_EQ(state.initialize_calls, 1);
+  EXPECT_EQ(init_fn_calls, 1);
+  EXPECT_EQ(state.restore_calls, 0);
+  EXPECT_FALSE(sv.restored_step());
+  EXPECT_TRUE(has_checkpoint(dir.path(), 5)) << "final checkpoint when training ends";
+  using SL = tensorboard::SessionLog;
+  EXPECT_EQ(session_logs(dir.path()), (std::vector<std::pair<int, int64_t>>{
+                                          {SL::START, 0}, {SL::CHECKPOINT, 5}, {SL::STOP, 5}}));
+  for (const auto& e : all_events(dir.path())) {
+    if (e.has_session_log() && e.session_log().status() == SL::CHECKPOINT) {
+      EXPECT_EQ(e.session_log().checkpoint_path(), (dir / "model.ckpt-5.safetensors").string());
+    }
+  }
+}
+
+TEST(Supervisor, RestoresTheLatestCheckpointAndSkipsInitFn) {
+  TempDir dir;
+  {
+    ToyState state;
+    Supervisor sv(quiet_options(dir.path()));
+    sv.managed_session(state, train(state, 7));
+  }
+  ToyState state;
+  int init_fn_calls = 0;
+  auto opts = quiet_options(dir.path());
+  opts.init_fn = [&](TrainingState&) { ++init_fn_calls; };
+  struct Listener : CheckpointListener {
+    void on_saved(const CheckpointStats& s) override { saved.push_back(s.step); }
+    void on_restored(int64_t step) override { restored = step; }
+    std::vector<int64_t> saved;
+    int64_t restored = -1;
+  } listener;
+  opts.checkpoint_listeners = {&listener};
+  Supervisor sv(opts);
+  sv.managed_session(state, train(state, 3));
+  EXPECT_EQ(state.restore_calls, 1);
+  EXPECT_EQ(state.initialize_calls, 0);
+  EXPECT_EQ(init_fn_calls, 0) << "init_fn must not run when a checkpoint exists";
+  EXPECT_EQ(sv.restored_step(), 7);
+  EXPECT_EQ(listener.restored, 7);
+  EXPECT_EQ(listener.saved, std::vector<int64_t>{10});
+  EXPECT_EQ(state.values[0][0], 10.0f) << "restored values continued, not re-initialised";
+  EXPECT_EQ(list_events_files(dir.path()).size(), 2u) << "a restart opens a new events file";
+  using SL = tensorboard::SessionLog;
+  auto logs = session_logs(dir.path());
+  EXPECT_THAT(logs, ::testing::Contains(std::pair<int, int64_t>{SL::START, 7}));
+  EXPECT_THAT(logs, ::testing::Contains(std::pair<int, int64_t>{SL::STOP, 10}));
+}
+
+TEST(Supervisor, CheckpointServiceSnapshotsOnTheTrainingThreadAtStepBoundaries) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.save_model_secs = 0.01;
+  Supervisor sv(opts);
+  std::thread::id training_thread = std::this_thread::get_id();
+  sv.managed_session(state, [&](Supervisor& sv) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!sv.should_stop() && sv.checkpoints_saved() < 3) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no periodic checkpoints";
+      state.train_step();
+      sv.step_boundary(state.global_step());
+    }
+  });
+  EXPECT_GE(sv.checkpoints_saved(), 3);
+  for (auto id : state.snapshot_threads) EXPECT_EQ(id, training_thread);
+}
+
+TEST(Supervisor, RequestCheckpointIsTakenAtTheNextStepBoundary) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.checkpoint_on_stop = false;
+  Supervisor sv(opts);
+  sv.managed_session(state, [&](Supervisor& sv) {
+    for (int i = 0; i < 6; ++i) {
+      state.train_step();
+      if (state.global_step() == 3) sv.request_checkpoint();
+      sv.step_boundary(state.global_step());
+    }
+  });
+  EXPECT_TRUE(has_checkpoint(dir.path(), 3));
+  EXPECT_FALSE(has_checkpoint(dir.path(), 6)) << "checkpoint_on_stop=false";
+  EXPECT_EQ(state.snapshot_calls, 1);
+}
+
+TEST(Supervisor, NoDuplicateFinalCheckpointWhenTheLastStepWasSaved) {
+  TempDir dir;
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  sv.managed_session(state, [&](Supervisor& sv) {
+    state.train_step();
+    sv.request_checkpoint();
+    sv.step_boundary(state.global_step());
+  });
+  EXPECT_EQ(state.snapshot_calls, 1);
+  EXPECT_TRUE(has_checkpoint(dir.path(), 1));
+}
+
+TEST(Supervisor, BodyErrorStopsServicesAndIsReraisedAfterCleanup) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.save_model_secs = 0.01;
+  opts.save_summaries_secs = 0.01;
+  Supervisor sv(opts);
+  std::atomic<bool> loop_ran{false};
+  try {
+    sv.managed_session(state, [&](Supervisor& sv) {
+      sv.loop(0.005, [&] { loop_ran = true; });
+      ASSERT_TRUE(wait_until([&] { return loop_ran.load(); }));
+      state.train_step();
+      throw Internal("numerical blow-up at step 1");
+    });
+    FAIL() << "the body's error was swallowed";
+  } catch (const Internal& e) {
+    EXPECT_THAT(e.what(), HasSubstr("blow-up"));
+  }
+  EXPECT_TRUE(sv.coord().running_threads().empty()) << "services joined before re-raise";
+  EXPECT_FALSE(has_checkpoint(dir.path(), 1)) << "no final checkpoint after an error";
+  using SL = tensorboard::SessionLog;
+  EXPECT_THAT(session_logs(dir.path()), ::testing::Contains(std::pair<int, int64_t>{SL::STOP, 1}));
+}
+
+TEST(Supervisor, ServiceErrorStopsTheBodyAndIsReraised) {
+  TempDir dir;
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  EXPECT_THROW(sv.managed_session(state,
+                                  [&](Supervisor& sv) {
+                                    sv.loop(0.005,
+                                            [] { throw Unavailable("metrics push failed"); });
+                                    while (!sv.should_stop()) {
+                                      state.train_step();
+                                      sv.step_boundary(state.global_step());
+                                    }
+                                  }),
+               Unavailable);
+}
+
+TEST(Supervisor, OutOfRangeIsACleanEndWithAFinalCheckpoint) {
+  TempDir dir;
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  EXPECT_NO_THROW(sv.managed_session(state, [&](Supervisor&) {
+    state.train_step();
+    state.train_step();
+    throw OutOfRange("data exhausted");
+  }));
+  EXPECT_TRUE(has_checkpoint(dir.path(), 2));
+}
+
+TEST(Supervisor, NotReadyErrorListsWhatIsUninitialised) {
+  TempDir dir;
+  ToyState state;
+  state.leave_uninitialized = true;
+  Supervisor sv(quiet_options(dir.path()));
+  try {
+    sv.managed_session(state, [](Supervisor&) { FAIL() << "body ran on an unready model"; });
+    FAIL();
+  } catch (const FailedPrecondition& e) {
+    EXPECT_THAT(e.what(), HasSubstr("transformer.wte.weight"));
+    EXPECT_THAT(e.what(), HasSubstr("transformer.h.0.attn.c_attn.weight"));
+  }
+}
+
+TEST(Supervisor, CheckpointOfAnotherShapeIsRefusedNamingTheTensor) {
+  TempDir dir;
+  {
+    ToyState state(3);
+    Supervisor sv(quiet_options(dir.path()));
+    sv.managed_session(state, train(state, 1));
+  }
+  ToyState wider(4);
+  Supervisor sv(quiet_options(dir.path()));
+  try {
+    sv.managed_session(wider, [](Supervisor&) {});
+    FAIL();
+  } catch (const FailedPrecondition& e) {
+    EXPECT_THAT(e.what(), HasSubstr("transformer.wte.weight"));
+  }
+  EXPECT_TRUE(has_checkpoint(dir.path(), 1)) << "the old checkpoint is left intact";
+}
+
+TEST(Supervisor, CorruptLatestCheckpointFallsBackToThePreviousOne) {
+  TempDir dir;
+  {
+    ToyState state;
+    Supervisor sv(quiet_options(dir.path()));
+    sv.managed_session(state, [&](Supervisor& sv) {
+      state.train_step();
+      sv.request_checkpoint();
+      sv.step_boundary(1);
+      state.train_step();
+    });
+  }
+  testing::write_bytes(dir / "model.ckpt-2.safetensors", "truncated");
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  sv.managed_session(state, [](Supervisor&) {});
+  EXPECT_EQ(sv.restored_step(), 1);
+}
+
+TEST(Supervisor, NonChiefGivesUpWithDeadlineExceededAndWritesNothing) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.is_chief = false;
+  opts.recovery_wait_secs = 0.01;
+  opts.max_wait_secs = 0.05;
+  Supervisor sv(opts);
+  try {
+    sv.managed_session(state, [](Supervisor&) { FAIL() << "body ran without a chief"; });
+    FAIL();
+  } catch (const DeadlineExceeded& e) {
+    EXPECT_THAT(e.what(), HasSubstr("chief"));
+    EXPECT_THAT(e.what(), HasSubstr(dir.path().string()));
+  }
+  EXPECT_TRUE(list_dir(dir.path()).empty());
+}
+
+TEST(Supervisor, NonChiefRestoresOnceTheChiefHasCheckpointedAndWritesNothing) {
+  TempDir dir;
+  {
+    ToyState chief_state;
+    Supervisor chief(quiet_options(dir.path()));
+    chief.managed_session(chief_state, train(chief_state, 4));
+  }
+  auto before = list_dir(dir.path());
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.is_chief = false;
+  opts.save_model_secs = 0.01;
+  opts.save_summaries_secs = 0.01;
+  Supervisor sv(opts);
+  sv.managed_session(state, [&](Supervisor& sv) {
+    for (int i = 0; i < 3; ++i) {
+      state.train_step();
+      sv.add_scalar("loss", 1.0, state.global_step());
+      sv.request_checkpoint();
+      sv.step_boundary(state.global_step());
+    }
+  });
+  EXPECT_EQ(sv.restored_step(), 4);
+  EXPECT_EQ(state.snapshot_calls, 0);
+  EXPECT_EQ(list_dir(dir.path()), before);
+}
+
+TEST(Supervisor, NonChiefWaitsForTheChiefReadyMarker) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.is_chief = false;
+  opts.recovery_wait_secs = 0.005;
+  opts.max_wait_secs = 30;
+  Supervisor sv(opts);
+  auto session =
+      std::async(std::launch::async, [&] { sv.managed_session(state, [](Supervisor&) {}); });
+  testing::write_bytes(dir / std::string(kChiefReadyFile), "step: 0\n");
+  session.get();
+  EXPECT_EQ(state.initialize_calls, 1);
+}
+
+TEST(Supervisor, SummaryServiceStepCounterAndScalarsReachTheEventsFile) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.save_summaries_secs = 0.01;
+  std::atomic<int> summary_fn_calls{0};
+  std::thread::id summary_thread;
+  opts.summary_fn = [&](Supervisor& sv) {
+    summary_thread = std::this_thread::get_id();
+    sv.add_scalar("from_summary_fn", 1.0, 0);
+    ++summary_fn_calls;
+  };
+  Supervisor sv(opts);
+  sv.managed_session(state, [&](Supervisor& sv) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (summary_fn_calls < 3) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+      state.train_step();
+      sv.add_scalar("loss", 0.5, state.global_step());
+      sv.step_boundary(state.global_step());
+    }
+  });
+  EXPECT_NE(summary_thread, std::this_thread::get_id());
+  std::set<std::string> tags;
+  for (const auto& e : all_events(dir.path())) {
+    for (const auto& v : e.summary().value()) tags.insert(v.tag());
+  }
+  EXPECT_TRUE(tags.contains("loss"));
+  EXPECT_TRUE(tags.contains("from_summary_fn"));
+  EXPECT_TRUE(tags.contains("global_step/sec"));
+}
+
+TEST(Supervisor, WriteEventsOffWritesNoEventsFile) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.write_events = false;
+  Supervisor sv(opts);
+  sv.managed_session(state, train(state, 2));
+  EXPECT_TRUE(list_events_files(dir.path()).empty());
+  EXPECT_TRUE(has_checkpoint(dir.path(), 2));
+}
+
+TEST(Supervisor, ServicesThatIgnoreTheStopRaiseDeadlineExceededAfterTheGrace) {
+  TempDir dir;
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.stop_grace_secs = 0.02;
+  auto sv = std::make_unique<Supervisor>(opts);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<bool> entered{false};
+  try {
+    sv->managed_session(state, [&](Supervisor& sv) {
+      sv.loop(
+          0.001,
+          [&, released] {
+            entered = true;
+            released.wait();
+          },
+          "stubborn_loop");
+      ASSERT_TRUE(wait_until([&] { return entered.load(); }));
+    });
+    FAIL();
+  } catch (const DeadlineExceeded& e) {
+    EXPECT_THAT(e.what(), HasSubstr("stubborn_loop"));
+  }
+  release.set_value();
+  sv.reset();  // joins the straggler
+}
+
+TEST(Supervisor, SigtermTakesAFinalCheckpointAndStopsCleanly) {
+  TempDir dir;
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  SignalHandler signals(sv);
+  sv.managed_session(state, [&](Supervisor& sv) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!sv.should_stop()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "SIGTERM did not stop the loop";
+      state.train_step();
+      if (state.global_step() == 3) std::raise(SIGTERM);
+      sv.step_boundary(state.global_step());
+    }
+  });
+  EXPECT_EQ(signals.signal_received(), SIGTERM);
+  EXPECT_TRUE(has_checkpoint(dir.path(), state.global_step()));
+  using SL = tensorboard::SessionLog;
+  EXPECT_THAT(session_logs(dir.path()),
+              ::testing::Contains(std::pair<int, int64_t>{SL::STOP, state.global_step()}));
+}
+
+TEST(Supervisor, RejectsBadOptions) {
+  TempDir dir;
+  auto opts = quiet_options(dir.path());
+  opts.save_model_secs = -1;
+  EXPECT_THROW(Supervisor{opts}, InvalidArgument);
+  opts = quiet_options("");
+  EXPECT_THROW(Supervisor{opts}, InvalidArgument);
+}
+
+}  // namespace
+}  // namespace longhaul::supervisor
