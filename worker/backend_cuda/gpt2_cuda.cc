@@ -410,6 +410,9 @@ class GPT2Cuda final : public CudaModel {
   // Which flat buffer a device span lies in (nullptr when none).
   const float* owning_buffer(const float* p, size_t n) const;
   void wait_for_snapshot_on_device();
+  // Makes this model's GPU current on the calling thread (the CUDA device is per-thread state;
+  // the model may be built on one thread and trained on another).
+  void activate() const { LH_CUDA_CHECK(cudaSetDevice(options_.device)); }
 
   GPT2Config config_;
   Shape shape_;
@@ -503,6 +506,7 @@ void GPT2Cuda::release() noexcept {
 }
 
 void GPT2Cuda::init_weights(uint64_t seed) {
+  activate();
   NormalGenerator normal(seed);
   const float std_dev = 0.02f;
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
@@ -705,6 +709,7 @@ float GPT2Cuda::mean_loss(int N) {
 
 float GPT2Cuda::forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                  float loss_scale) {
+  activate();
   check_inputs(inputs, targets, B, T);
   const int N = B * T;
   upload_tokens(inputs, targets, B, T, /*buckets=*/true);
@@ -716,6 +721,7 @@ float GPT2Cuda::forward_backward(const int32_t* inputs, const int32_t* targets, 
 }
 
 float GPT2Cuda::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  activate();
   check_inputs(inputs, targets, B, T);
   const int N = B * T;
   upload_tokens(inputs, targets, B, T, /*buckets=*/false);
@@ -726,10 +732,12 @@ float GPT2Cuda::forward_loss(const int32_t* inputs, const int32_t* targets, int 
 }
 
 void GPT2Cuda::zero_grad() {
+  activate();
   LH_CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, num_params_ * sizeof(float), stream_));
 }
 
 float GPT2Cuda::gradient_norm() {
+  activate();
   k::sum_of_squares(buf_.scalars + 1, buf_.fscratch, buf_.grads,
                     static_cast<long long>(num_params_), stream_);
   LH_CUDA_CHECK(cudaMemcpyAsync(host_scalar_ + 1, buf_.scalars + 1, sizeof(float),
@@ -739,6 +747,7 @@ float GPT2Cuda::gradient_norm() {
 }
 
 void GPT2Cuda::optimizer_step(const model::AdamWOptions& options, float lr, float grad_scale) {
+  activate();
   ++step_;
   k::AdamWHyper hyper;
   hyper.lr = lr;
@@ -765,6 +774,7 @@ const float* GPT2Cuda::owning_buffer(const float* p, size_t n) const {
 }
 
 void GPT2Cuda::download(std::span<const float> device_src, std::span<float> host_dst) {
+  activate();
   if (device_src.size() != host_dst.size() ||
       owning_buffer(device_src.data(), device_src.size()) == nullptr) {
     throw InvalidArgument(
@@ -779,6 +789,7 @@ void GPT2Cuda::download(std::span<const float> device_src, std::span<float> host
 }
 
 void GPT2Cuda::upload(std::span<const float> host_src, std::span<float> device_dst) {
+  activate();
   const float* base = owning_buffer(device_dst.data(), device_dst.size());
   if (host_src.size() != device_dst.size() || base == nullptr) {
     throw InvalidArgument(
@@ -802,6 +813,7 @@ void GPT2Cuda::wait_for_snapshot_on_device() {
 }
 
 void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
+  activate();
   wait_snapshot();  // never two snapshots in flight into the same buffers
   // Page-lock the destination buffers in place. Registrations of buffers that are no longer
   // used are dropped first (their memory may have been freed and reused).
@@ -852,6 +864,7 @@ void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
 }
 
 void GPT2Cuda::wait_snapshot() {
+  activate();
   if (!snapshot_pending_) return;
   LH_CUDA_CHECK(cudaEventSynchronize(snapshot_done_));
   snapshot_pending_ = false;

@@ -25,11 +25,13 @@
 // so it goes to scratch and is then added into the accumulating fp32 gradient. Where cuBLASLt
 // has no algorithm for BGRADA, bias_backward's deterministic reduction runs instead.
 //
-// Algorithms: the heuristic is asked once per shape/epilogue/alignment and the answer cached.
+// Algorithms: the heuristic is asked once per shape/epilogue/alignment and the answer cached
+// (including "none": an unsupported optional epilogue then costs one lookup, not one per call).
 // Alignment preferences are computed from the actual pointers and strides, so a cached algorithm
 // is never applied to less-aligned data than it was chosen for.
 #include "longhaul/kernels/cuda/matmul.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -119,8 +121,13 @@ Matmul::~Matmul() {
 
 void Matmul::run(const GemmDesc& desc, void* d, const bf16* a, const bf16* b, cudaStream_t stream) {
   if (!try_run(desc, d, a, b, stream)) {
+    const auto it = std::find_if(cache_.begin(), cache_.end(), [&](const auto& entry) {
+      return entry.first.rfind(describe(desc), 0) == 0;
+    });
+    const cublasStatus_t status = it != cache_.end() ? it->second.status : CUBLAS_STATUS_SUCCESS;
     throw Internal("cuBLASLt has no algorithm for the matrix product " + describe(desc) +
-                   "; check the model dimensions (multiples of 8 are required)");
+                   " (heuristic status " + cublasLtGetStatusName(status) +
+                   "); check the model dimensions (multiples of 8 are required)");
   }
 }
 
@@ -162,8 +169,11 @@ bool Matmul::try_run(const GemmDesc& g, void* d, const bf16* a, const bf16* b,
              g.stride_b);
   set_layout(&desc.d, g.d_type, g.m, g.n, ldd, g.batch, g.stride_d);
 
+  // The heuristic also reads the bias/aux pointers' alignment: part of the key as well.
   const std::string key = describe(g) + " al=" + std::to_string(align_a) + "," +
-                          std::to_string(align_b) + "," + std::to_string(align_d);
+                          std::to_string(align_b) + "," + std::to_string(align_d) + "," +
+                          std::to_string(alignment_of(g.bias, 0, 0)) + "," +
+                          std::to_string(alignment_of(g.aux, 0, 0));
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     LH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.preference));
@@ -186,11 +196,10 @@ bool Matmul::try_run(const GemmDesc& g, void* d, const bf16* a, const bf16* b,
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         handle_, desc.op, desc.a, desc.b, desc.d, desc.d, desc.preference, 1, &result, &returned);
     CachedAlgo cached;
-    if (status == CUBLAS_STATUS_SUCCESS && returned > 0) {
+    cached.status = status;
+    if (status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       cached.found = true;
       cached.algo = result.algo;
-    } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
-      LH_CUBLAS_CHECK(status);
     }
     it = cache_.emplace(key, cached).first;
   }

@@ -61,6 +61,7 @@ class Matmul {
  private:
   struct CachedAlgo {
     bool found = false;
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;  // of the heuristic query
     cublasLtMatmulAlgo_t algo{};
   };
   cublasLtHandle_t handle_ = nullptr;
