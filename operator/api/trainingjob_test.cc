@@ -76,6 +76,7 @@ struct BadSpec {
   const char* patch;  // merge-patched onto minimal_spec()
   const char* message_prefix;
 };
+void PrintTo(const BadSpec& c, std::ostream* os) { *os << c.name; }
 
 class ParseSpecErrors : public ::testing::TestWithParam<BadSpec> {};
 

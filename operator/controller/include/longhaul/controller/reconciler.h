@@ -1,0 +1,155 @@
+// The TrainingJob reconciler: given a job key, drives the cluster towards what the job's spec
+// and status say, in one pass, level-based and idempotent.
+//
+// reconcile() runs ordered steps: fetch (NotFound => done) -> validate (InvalidSpec, never a
+// crash loop) -> finished jobs: clean-up and TTL -> suspend/resume -> deadline -> ensure the
+// logdir claim and the headless Service -> observe owned pods -> classify finished and
+// disrupted pods (failure_policy.h) -> decide success (success_policy.h), failure or restart ->
+// compute status -> write status once, only if it changed -> act on pods (delete stale
+// incarnations, force-delete pods stuck Terminating on a lost node, create missing pods) ->
+// requeue after the nearest timer (backoff, deadline, TTL, force-delete).
+//
+// Durable state lives only in the cluster: the job's status (restartAttempt, per-pod
+// incarnation records, counters, nextRestartTime) and each pod's restart-attempt annotation.
+// Decisions are committed by the status write *before* pods are deleted or created, so an
+// operator killed at any point, or a failed write, re-derives the same decision and never
+// counts a failure twice. Pods are named deterministically and a 409 AlreadyExists on create
+// means "exists", so pods are never duplicated. The in-memory Expectations only avoid redundant
+// writes while the pod view (an informer cache) lags behind the operator's own writes.
+//
+// Thread-safety: reconcile() may run concurrently for different keys; the work queue never
+// hands the same key to two workers at once.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "longhaul/api/trainingjob.h"
+#include "longhaul/kube/client.h"
+
+namespace longhaul::controller {
+
+using json = nlohmann::json;
+
+// Where the reconciler reads the cluster. The default reads straight from the API; the operator
+// binary passes one backed by informer caches.
+class ClusterView {
+ public:
+  virtual ~ClusterView() = default;
+  // Throws kube::NotFoundError when the job does not exist. Must be fresh enough that a status
+  // the reconciler wrote is seen by its next reconcile (the API, not a lagging cache), because
+  // the status write is guarded by resourceVersion anyway.
+  virtual json get_job(const std::string& ns, const std::string& name) = 0;
+  // Pods labelled longhaul.dev/job-name=<job> in `ns` (owner filtering is the reconciler's).
+  virtual std::vector<json> list_pods(const std::string& ns, const std::string& job) = 0;
+  // Whether the object exists (Service, PersistentVolumeClaim).
+  virtual bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) = 0;
+};
+
+// Reads everything with GET/LIST through `client`.
+class ApiClusterView : public ClusterView {
+ public:
+  explicit ApiClusterView(kube::Client& client) : client_(client) {}
+  json get_job(const std::string& ns, const std::string& name) override;
+  std::vector<json> list_pods(const std::string& ns, const std::string& job) override;
+  bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) override;
+
+ private:
+  kube::Client& client_;
+};
+
+// Receives one Kubernetes Event per decision. Implementations must not throw.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // type: "Normal" or "Warning".
+  virtual void record(const json& involved_object, std::string_view type, std::string_view reason,
+                      std::string_view message) = 0;
+};
+
+// Creates core/v1 Events through a Client (errors are logged, never thrown).
+class ApiEventSink : public EventSink {
+ public:
+  explicit ApiEventSink(kube::Client& client, std::string component = "longhaul-operator")
+      : client_(client), component_(std::move(component)) {}
+  void record(const json& involved_object, std::string_view type, std::string_view reason,
+              std::string_view message) override;
+
+ private:
+  kube::Client& client_;
+  std::string component_;
+};
+
+// Pod writes issued but not yet seen by the ClusterView. Thread-safe.
+class Expectations {
+ public:
+  explicit Expectations(std::chrono::steady_clock::duration ttl = std::chrono::seconds(60))
+      : ttl_(ttl) {}
+  void expect_deletion(const std::string& job_key, const std::string& pod, const std::string& uid);
+  void expect_creation(const std::string& job_key, const std::string& pod);
+  // Drops what the observed pods satisfy: deletions whose uid is gone or terminating, creations
+  // whose name is present. Expired entries (ttl) are dropped too.
+  void observe(const std::string& job_key, const std::vector<json>& pods);
+  bool deletion_pending(const std::string& job_key, const std::string& pod) const;
+  bool creation_pending(const std::string& job_key, const std::string& pod) const;
+  void forget(const std::string& job_key);
+
+ private:
+  struct Pending {
+    std::string uid;  // deletions only
+    std::chrono::steady_clock::time_point since;
+  };
+  std::chrono::steady_clock::duration ttl_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::map<std::string, Pending>> deletions_;  // guarded by mu_
+  std::map<std::string, std::map<std::string, Pending>> creations_;  // guarded by mu_
+};
+
+struct ReconcileResult {
+  // Reconcile again after this long even without a watch event (backoff, deadline, TTL, ...).
+  std::optional<std::chrono::milliseconds> requeue_after;
+};
+
+struct ReconcilerOptions {
+  std::function<api::Time()> now = [] { return std::chrono::system_clock::now(); };
+  std::function<double()> jitter01;  // uniform [0, 1); default: a seeded std::mt19937
+  // Called once per restart decision, with the reason (for pod_restarts_total{reason}).
+  std::function<void(std::string_view reason)> on_restart;
+  // Called after each reconcile with the job's phase ("" when the job is gone).
+  std::function<void(const std::string& key, const std::string& phase)> on_phase;
+};
+
+class Reconciler {
+ public:
+  // `client` performs every write; `view` (nullable: ApiClusterView over client) serves reads;
+  // `events` (nullable: ApiEventSink over client). All must outlive the reconciler.
+  Reconciler(kube::Client& client, ClusterView* view, EventSink* events,
+             ReconcilerOptions options = {});
+  ~Reconciler();
+
+  // Throws on API errors (the caller requeues with rate-limited backoff); a kube::ConflictError
+  // means the job changed under us.
+  ReconcileResult reconcile(const std::string& ns, const std::string& name);
+
+ private:
+  struct Pass;
+  kube::Client& client_;
+  std::unique_ptr<ClusterView> own_view_;
+  std::unique_ptr<EventSink> own_events_;
+  ClusterView* view_;
+  EventSink* events_;
+  ReconcilerOptions options_;
+  Expectations expectations_;
+  std::mutex rng_mu_;
+};
+
+}  // namespace longhaul::controller

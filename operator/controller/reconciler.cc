@@ -1,0 +1,805 @@
+// The TrainingJob reconciler (see reconciler.h for the contract and the order of the steps).
+#include "longhaul/controller/reconciler.h"
+
+#include <algorithm>
+#include <random>
+
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/controller/children.h"
+#include "longhaul/controller/cleanup_policy.h"
+#include "longhaul/controller/failure_policy.h"
+#include "longhaul/controller/success_policy.h"
+
+namespace longhaul::controller {
+
+namespace res = kube::resources;
+using api::ReplicaType;
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+
+// ---------------------------------------------------------------------------------------------
+// ApiClusterView, ApiEventSink, Expectations
+
+json ApiClusterView::get_job(const std::string& ns, const std::string& name) {
+  return client_.get(res::kTrainingJobs, ns, name);
+}
+
+std::vector<json> ApiClusterView::list_pods(const std::string& ns, const std::string& job) {
+  kube::ListOptions opts;
+  opts.label_selector = std::string(api::kLabelJobName) + "=" + job;
+  json list = client_.list(res::kPods, ns, opts);
+  std::vector<json> out;
+  for (json& item : list.value("items", json::array())) out.push_back(std::move(item));
+  return out;
+}
+
+bool ApiClusterView::exists(const kube::Resource& r, const std::string& ns,
+                            const std::string& name) {
+  try {
+    client_.get(r, ns, name);
+    return true;
+  } catch (const kube::NotFoundError&) {
+    return false;
+  }
+}
+
+void ApiEventSink::record(const json& obj, std::string_view type, std::string_view reason,
+                          std::string_view message) {
+  static std::atomic<uint64_t> counter{0};
+  const json& md = obj.at("metadata");
+  const std::string ns = md.value("namespace", std::string("default"));
+  const auto now = std::chrono::system_clock::now();
+  const uint64_t unique =
+      static_cast<uint64_t>(
+          duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()) +
+      counter.fetch_add(1);
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(unique));
+  const std::string ts = api::format_time(now);
+  json event = {
+      {"apiVersion", "v1"},
+      {"kind", "Event"},
+      {"metadata", {{"name", md.value("name", std::string()) + "." + suffix}, {"namespace", ns}}},
+      {"involvedObject",
+       {{"apiVersion", obj.value("apiVersion", std::string())},
+        {"kind", obj.value("kind", std::string())},
+        {"name", md.value("name", std::string())},
+        {"namespace", ns},
+        {"uid", md.value("uid", std::string())},
+        {"resourceVersion", md.value("resourceVersion", std::string())}}},
+      {"reason", reason},
+      {"message", message},
+      {"type", type},
+      {"source", {{"component", component_}}},
+      {"reportingComponent", component_},
+      {"firstTimestamp", ts},
+      {"lastTimestamp", ts},
+      {"count", 1}};
+  try {
+    client_.create(res::kEvents, ns, event);
+  } catch (const std::exception& e) {
+    LH_LOG(WARNING) << "could not record event" << kv("reason", reason) << kv("error", e.what());
+  }
+}
+
+void Expectations::expect_deletion(const std::string& key, const std::string& pod,
+                                   const std::string& uid) {
+  std::lock_guard lock(mu_);
+  deletions_[key][pod] = Pending{uid, std::chrono::steady_clock::now()};
+}
+
+void Expectations::expect_creation(const std::string& key, const std::string& pod) {
+  std::lock_guard lock(mu_);
+  creations_[key][pod] = Pending{"", std::chrono::steady_clock::now()};
+}
+
+void Expectations::observe(const std::string& key, const std::vector<json>& pods) {
+  std::map<std::string, std::pair<std::string, bool>> seen;  // name -> (uid, terminating)
+  for (const json& p : pods) {
+    const json& md = p.at("metadata");
+    seen[md.value("name", std::string())] = {
+        md.value("uid", std::string()),
+        md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null()};
+  }
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mu_);
+  if (auto it = deletions_.find(key); it != deletions_.end()) {
+    std::erase_if(it->second, [&](const auto& entry) {
+      auto s = seen.find(entry.first);
+      const bool gone = s == seen.end() || s->second.first != entry.second.uid || s->second.second;
+      return gone || now - entry.second.since > ttl_;
+    });
+    if (it->second.empty()) deletions_.erase(it);
+  }
+  if (auto it = creations_.find(key); it != creations_.end()) {
+    std::erase_if(it->second, [&](const auto& entry) {
+      return seen.contains(entry.first) || now - entry.second.since > ttl_;
+    });
+    if (it->second.empty()) creations_.erase(it);
+  }
+}
+
+bool Expectations::deletion_pending(const std::string& key, const std::string& pod) const {
+  std::lock_guard lock(mu_);
+  auto it = deletions_.find(key);
+  return it != deletions_.end() && it->second.contains(pod);
+}
+
+bool Expectations::creation_pending(const std::string& key, const std::string& pod) const {
+  std::lock_guard lock(mu_);
+  auto it = creations_.find(key);
+  return it != creations_.end() && it->second.contains(pod);
+}
+
+void Expectations::forget(const std::string& key) {
+  std::lock_guard lock(mu_);
+  deletions_.erase(key);
+  creations_.erase(key);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One reconcile pass over one job.
+
+namespace {
+
+struct ObservedPod {
+  json object;
+  std::string name;
+  std::string uid;
+  int64_t attempt = 0;
+  std::string phase;
+  bool terminating = false;
+  std::optional<api::Time> deletion_time;
+  bool ready = false;
+};
+
+ObservedPod observe_pod(json pod) {
+  ObservedPod p;
+  const json& md = pod.at("metadata");
+  p.name = md.value("name", std::string());
+  p.uid = md.value("uid", std::string());
+  if (md.contains("annotations") && md["annotations"].is_object()) {
+    const std::string a = md["annotations"].value(std::string(api::kAnnotationRestartAttempt), "");
+    try {
+      p.attempt = a.empty() ? 0 : std::stoll(a);
+    } catch (const std::exception&) {
+      p.attempt = 0;
+    }
+  }
+  if (md.contains("deletionTimestamp") && md["deletionTimestamp"].is_string()) {
+    p.terminating = true;
+    p.deletion_time = api::parse_time_or_null(md["deletionTimestamp"].get<std::string>());
+  }
+  const json status = pod.value("status", json::object());
+  p.phase = status.value("phase", std::string());
+  for (const json& c : status.value("conditions", json::array())) {
+    if (c.value("type", "") == "Ready" && c.value("status", "") == "True") p.ready = true;
+  }
+  p.object = std::move(pod);
+  return p;
+}
+
+bool owned_by(const json& obj, const std::string& uid, const std::string& name) {
+  const json& md = obj.at("metadata");
+  if (!md.contains("ownerReferences") || !md["ownerReferences"].is_array()) return false;
+  for (const json& ref : md["ownerReferences"]) {
+    if (!ref.value("controller", false) || ref.value("kind", "") != api::kKind) continue;
+    if (!uid.empty() ? ref.value("uid", "") == uid : ref.value("name", "") == name) return true;
+  }
+  return false;
+}
+
+struct Action {
+  enum class Kind { kCreatePod, kDeletePod, kForceDeletePod, kCreateService, kCreateClaim };
+  Kind kind;
+  std::string name;
+  std::string uid;
+  json object;
+  std::string reason;   // event reason
+  std::string message;  // event message
+};
+
+struct Candidate {  // a finished or disrupted current pod
+  std::string name;
+  PodClassification c;
+};
+
+milliseconds until(api::Time now, api::Time when) {
+  return std::max(milliseconds(0), duration_cast<milliseconds>(when - now));
+}
+
+}  // namespace
+
+struct Reconciler::Pass {
+  Reconciler& r;
+  std::string ns, name, key;
+  api::Time now;
+  json job;
+  api::TrainingJobStatus old_status, st;
+  std::vector<Action> actions;
+  std::optional<milliseconds> requeue;
+  struct PendingEvent {
+    std::string type, reason, message;
+  };
+  std::vector<PendingEvent> events;
+
+  void requeue_in(milliseconds d) {
+    d = std::max(d, milliseconds(1));
+    if (!requeue || d < *requeue) requeue = d;
+  }
+  void event(std::string_view type, std::string_view reason, std::string message) {
+    events.push_back({std::string(type), std::string(reason), std::move(message)});
+  }
+  std::string ref(const std::string& pod) const { return ns + "/" + pod; }
+
+  // Sets phase and conditions of a finished job and stamps completionTime.
+  void finish(std::string_view phase, std::string_view reason, const std::string& message) {
+    st.phase = std::string(phase);
+    const bool ok = phase == api::phase::kSucceeded;
+    api::set_condition(st, ok ? api::condition::kSucceeded : api::condition::kFailed, "True",
+                       reason, message, now);
+    if (api::find_condition(st, api::condition::kRunning)) {
+      api::set_condition(st, api::condition::kRunning, "False", reason, message, now);
+    }
+    if (api::condition_true(st, api::condition::kRestarting)) {
+      api::set_condition(st, api::condition::kRestarting, "False", reason, message, now);
+    }
+    st.next_restart_time.clear();
+    if (st.completion_time.empty()) st.completion_time = api::format_time(now);
+    event(ok ? "Normal" : "Warning", reason, message);
+  }
+
+  // Force-deletes `p` when it has been Terminating past nodeLostTimeoutSeconds; else a timer.
+  void check_stuck(const ObservedPod& p, const api::RunPolicy& policy) {
+    if (!p.terminating || !p.deletion_time) return;
+    const api::Time limit =
+        *p.deletion_time + std::chrono::seconds(policy.node_lost_timeout_seconds);
+    if (now >= limit) {
+      actions.push_back({Action::Kind::kForceDeletePod,
+                         p.name,
+                         p.uid,
+                         {},
+                         std::string(api::reason::kForceDeletedPod),
+                         "pod " + ref(p.name) + " was stuck Terminating for more than " +
+                             std::to_string(policy.node_lost_timeout_seconds) +
+                             "s past its deletion deadline (node lost?): force-deleted"});
+    } else {
+      requeue_in(until(now, limit));
+    }
+  }
+
+  void delete_pod(const ObservedPod& p, std::string_view reason, const std::string& why) {
+    if (p.terminating || r.expectations_.deletion_pending(key, p.name)) return;
+    actions.push_back({Action::Kind::kDeletePod,
+                       p.name,
+                       p.uid,
+                       {},
+                       std::string(reason),
+                       "deleted pod " + ref(p.name) + ": " + why});
+  }
+};
+
+Reconciler::Reconciler(kube::Client& client, ClusterView* view, EventSink* events,
+                       ReconcilerOptions options)
+    : client_(client), options_(std::move(options)) {
+  if (view == nullptr) {
+    own_view_ = std::make_unique<ApiClusterView>(client);
+    view = own_view_.get();
+  }
+  if (events == nullptr) {
+    own_events_ = std::make_unique<ApiEventSink>(client);
+    events = own_events_.get();
+  }
+  view_ = view;
+  events_ = events;
+  if (!options_.jitter01) {
+    auto rng = std::make_shared<std::mt19937_64>(std::random_device{}());
+    options_.jitter01 = [this, rng] {
+      std::lock_guard lock(rng_mu_);
+      return std::uniform_real_distribution<double>(0.0, 1.0)(*rng);
+    };
+  }
+}
+
+Reconciler::~Reconciler() = default;
+
+ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& name) {
+  Pass pass{*this, ns, name, ns + "/" + name, options_.now()};
+  Pass& p = pass;
+  auto report_phase = [&](const std::string& phase) {
+    if (options_.on_phase) options_.on_phase(p.key, phase);
+  };
+
+  // Step 1: fetch. A job that is gone (or going) needs nothing: owner references let the
+  // garbage collector remove its pods, Service and an owned claim.
+  try {
+    p.job = view_->get_job(ns, name);
+  } catch (const kube::NotFoundError&) {
+    expectations_.forget(p.key);
+    report_phase("");
+    return {};
+  }
+  const json& md = p.job.at("metadata");
+  if (md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null()) {
+    expectations_.forget(p.key);
+    report_phase("");
+    return {};
+  }
+  const std::string job_uid = md.value("uid", std::string());
+  p.old_status = api::parse_status(p.job.value("status", json::object()));
+  p.st = p.old_status;
+  api::TrainingJobStatus& st = p.st;
+  st.observed_generation = md.value("generation", int64_t{0});
+
+  // Step 2: validate. A spec the operator cannot run fails the job once, with InvalidSpec.
+  api::TrainingJobSpec spec;
+  std::string invalid;
+  try {
+    spec = api::parse_spec(p.job.value("spec", json::object()));
+    api::validate_runnable(spec, name);
+  } catch (const InvalidArgument& e) {
+    invalid = e.what();
+  }
+  if (!invalid.empty() && !api::is_finished(st)) {
+    p.finish(api::phase::kFailed, api::reason::kInvalidSpec, invalid);
+  }
+  const api::RunPolicy& policy = spec.run_policy;
+
+  // Step 3: observe the pods this job owns. Pods with our label but another owner (a previous
+  // job of the same name) only block their names.
+  std::vector<json> listed = view_->list_pods(ns, name);
+  expectations_.observe(p.key, listed);
+  std::map<std::string, ObservedPod> owned;
+  std::set<std::string> occupied;  // every name some pod holds
+  for (json& obj : listed) {
+    ObservedPod op = observe_pod(std::move(obj));
+    occupied.insert(op.name);
+    if (owned_by(op.object, job_uid, name)) owned.emplace(op.name, std::move(op));
+  }
+
+  // Desired pods, in rank order (chief first).
+  struct Desired {
+    ReplicaType type;
+    int index;
+    std::string pod;
+  };
+  std::vector<Desired> desired;
+  if (invalid.empty()) {
+    for (ReplicaType t : api::kAllReplicaTypes) {
+      auto it = spec.replica_specs.find(t);
+      if (it == spec.replica_specs.end()) continue;
+      for (int i = 0; i < it->second.replicas; ++i) desired.push_back({t, i, pod_name(name, t, i)});
+    }
+    if (auto c = spec.chief()) st.chief_pod = pod_name(name, c->first, c->second);
+  }
+
+  auto finished_path = [&]() {
+    // Step 4: a finished job: clean up pods by policy, force-delete stuck ones, apply the TTL.
+    const bool deadline =
+        api::find_condition(st, api::condition::kFailed) &&
+        api::find_condition(st, api::condition::kFailed)->reason == api::reason::kDeadlineExceeded;
+    int cleaned = 0;
+    for (const auto& [pod, op] : owned) {
+      if (invalid.empty() && should_clean_pod(policy.clean_pod_policy, deadline, op.object) &&
+          !expectations_.deletion_pending(p.key, pod)) {
+        p.actions.push_back({Action::Kind::kDeletePod, pod, op.uid, {}, "", ""});
+        ++cleaned;
+      }
+      p.check_stuck(op, policy);
+    }
+    if (cleaned > 0) {
+      p.event("Normal", api::reason::kCleanedUpPods,
+              "deleted " + std::to_string(cleaned) + " pod(s) by cleanPodPolicy");
+    }
+    if (invalid.empty()) {
+      if (auto left = ttl_remaining(policy, st, p.now)) {
+        if (*left <= std::chrono::system_clock::duration::zero()) {
+          p.event("Normal", api::reason::kTtlExpired,
+                  "deleting the job: ttlSecondsAfterFinished=" +
+                      std::to_string(*policy.ttl_seconds_after_finished) + " passed");
+        } else {
+          p.requeue_in(duration_cast<milliseconds>(*left) + milliseconds(1));
+        }
+      }
+    }
+  };
+
+  if (api::is_finished(st)) {
+    finished_path();
+  } else if (policy.suspend) {
+    // Step 5: suspend. Pods go; the next incarnation starts on resume; the deadline clock stops.
+    if (!api::condition_true(st, api::condition::kSuspended)) {
+      api::set_condition(st, api::condition::kSuspended, "True", api::reason::kSuspended,
+                         "runPolicy.suspend is true: pods deleted", p.now);
+      if (api::find_condition(st, api::condition::kRunning)) {
+        api::set_condition(st, api::condition::kRunning, "False", api::reason::kSuspended,
+                           "the job is suspended", p.now);
+      }
+      if (api::condition_true(st, api::condition::kRestarting)) {
+        api::set_condition(st, api::condition::kRestarting, "False", api::reason::kSuspended,
+                           "the job is suspended", p.now);
+      }
+      st.restart_attempt += 1;
+      for (const Desired& d : desired)
+        st.pods[d.pod] = api::PodRecord{st.restart_attempt, false, 0};
+      st.start_time.clear();
+      st.next_restart_time.clear();
+      p.event("Normal", api::reason::kSuspended, "suspended: deleting the job's pods");
+    }
+    st.phase = std::string(api::phase::kSuspended);
+    for (const auto& [pod, op] : owned) {
+      p.delete_pod(op, api::reason::kDeletedPod, "the job is suspended");
+      p.check_stuck(op, policy);
+    }
+  } else {
+    if (api::condition_true(st, api::condition::kSuspended)) {
+      api::set_condition(st, api::condition::kSuspended, "False", api::reason::kResumed,
+                         "runPolicy.suspend is false: pods re-created", p.now);
+      p.event("Normal", api::reason::kResumed, "resumed: re-creating the job's pods");
+    }
+    // Step 6: start time and activeDeadlineSeconds.
+    if (st.start_time.empty()) st.start_time = api::format_time(p.now);
+    if (policy.active_deadline_seconds) {
+      const api::Time deadline = api::parse_time_or_null(st.start_time).value_or(p.now) +
+                                 std::chrono::seconds(*policy.active_deadline_seconds);
+      if (p.now >= deadline) {
+        p.finish(api::phase::kFailed, api::reason::kDeadlineExceeded,
+                 "the job was active longer than activeDeadlineSeconds=" +
+                     std::to_string(*policy.active_deadline_seconds));
+      } else {
+        p.requeue_in(until(p.now, deadline));
+      }
+    }
+  }
+
+  if (!api::is_finished(st) && !policy.suspend) {
+    // Step 7: the logdir claim (unless an existing one is named) and the headless Service.
+    if (spec.logdir.claim_name.empty() &&
+        !view_->exists(res::kPersistentVolumeClaims, ns, claim_name(name, spec))) {
+      p.actions.push_back({Action::Kind::kCreateClaim, claim_name(name, spec), "",
+                           build_claim(p.job, spec), std::string(api::reason::kCreatedClaim),
+                           "created logdir claim " + ns + "/" + claim_name(name, spec)});
+    }
+    if (!view_->exists(res::kServices, ns, service_name(name))) {
+      p.actions.push_back({Action::Kind::kCreateService, service_name(name), "",
+                           build_service(p.job, spec), std::string(api::reason::kCreatedService),
+                           "created headless Service " + ns + "/" + service_name(name)});
+    }
+    if (!api::condition_true(st, api::condition::kCreated)) {
+      api::set_condition(st, api::condition::kCreated, "True", api::reason::kJobCreated,
+                         "TrainingJob " + p.key + " created its claim, Service and pods", p.now);
+    }
+
+    // Step 8: classify each current pod; older incarnations and pods no longer wanted go.
+    std::set<std::string> desired_names;
+    for (const Desired& d : desired) desired_names.insert(d.pod);
+    for (const auto& [pod, op] : owned) {
+      if (!desired_names.contains(pod)) {
+        p.delete_pod(op, api::reason::kDeletedPod, "no longer in the job's replicaSpecs");
+        p.check_stuck(op, policy);
+      }
+    }
+    std::erase_if(st.pods, [&](const auto& e) { return !desired_names.contains(e.first); });
+
+    PodOutcomes outcomes;
+    std::vector<Candidate> disrupted, retryable, permanent;
+    std::vector<const Desired*> missing;
+    int container_restart_delta = 0;
+    std::string container_restart_pod;
+    for (const Desired& d : desired) {
+      // A name without a record (a new job, or replicas scaled up) starts at the job's attempt;
+      // group restarts and suspend rewrite every record, pod-scope restarts only their own.
+      api::PodRecord& rec =
+          st.pods.try_emplace(d.pod, api::PodRecord{st.restart_attempt, false, 0}).first->second;
+      auto it = owned.find(d.pod);
+      if (it == owned.end()) {
+        if (rec.created) {
+          // It existed in this incarnation and is gone: deleted from under us.
+          disrupted.push_back({d.pod,
+                               {PodOutcome::kDisrupted, std::string(api::reason::kPodDeleted),
+                                "pod " + p.ref(d.pod) + " was deleted", std::nullopt}});
+          outcomes[{d.type, d.index}] = PodOutcome::kDisrupted;
+        } else {
+          missing.push_back(&d);
+        }
+        continue;
+      }
+      const ObservedPod& op = it->second;
+      p.check_stuck(op, policy);
+      if (op.attempt < rec.restart_attempt) {
+        p.delete_pod(op, api::reason::kDeletedPod,
+                     "replaced by restart attempt " + std::to_string(rec.restart_attempt));
+        continue;
+      }
+      if (op.attempt > rec.restart_attempt) rec = api::PodRecord{op.attempt, false, 0};
+      rec.created = true;
+      const int32_t restarts = container_restarts(op.object);
+      if (restarts > rec.container_restarts) {
+        container_restart_delta += restarts - rec.container_restarts;
+        container_restart_pod = d.pod;
+        rec.container_restarts = restarts;
+      }
+      PodClassification c = classify_pod(op.object, spec.replica_specs.at(d.type), policy);
+      outcomes[{d.type, d.index}] = c.outcome;
+      switch (c.outcome) {
+        case PodOutcome::kDisrupted:
+          disrupted.push_back({d.pod, std::move(c)});
+          break;
+        case PodOutcome::kRetryableFailure:
+          retryable.push_back({d.pod, std::move(c)});
+          break;
+        case PodOutcome::kPermanentFailure:
+          permanent.push_back({d.pod, std::move(c)});
+          break;
+        default:
+          break;
+      }
+    }
+    if (container_restart_delta > 0) {
+      st.failure_count += container_restart_delta;
+      st.restart_count += container_restart_delta;
+      if (options_.on_restart) {
+        for (int i = 0; i < container_restart_delta; ++i) {
+          options_.on_restart(api::reason::kContainerRestarted);
+        }
+      }
+      p.event("Warning", api::reason::kContainerRestarted,
+              "pod " + p.ref(container_restart_pod) + ": " +
+                  std::to_string(container_restart_delta) +
+                  " container restart(s) in place, failures " + std::to_string(st.failure_count) +
+                  "/" + std::to_string(policy.backoff_limit));
+    }
+
+    // Step 9: decide. Success of the chief wins; a permanent failure fails the job; restarts
+    // follow the scope; a failure past backoffLimit fails the job.
+    auto budget_exceeded = [&](const std::string& what) {
+      p.finish(api::phase::kFailed, api::reason::kBackoffLimitExceeded,
+               "backoffLimit " + std::to_string(policy.backoff_limit) + " exceeded (" +
+                   std::to_string(st.failure_count) + " failures): " + what);
+    };
+    auto restart = [&](const std::vector<std::string>& pods, const std::string& reason,
+                       const std::string& message, milliseconds delay) {
+      st.restart_attempt += 1;
+      st.restart_count += 1;
+      for (const std::string& pod : pods)
+        st.pods[pod] = api::PodRecord{st.restart_attempt, false, 0};
+      if (delay > milliseconds(0)) {
+        const api::Time at = p.now + delay;
+        const auto prev = api::parse_time_or_null(st.next_restart_time);
+        // Round up to the next second: status times have second precision.
+        const api::Time rounded = std::chrono::time_point_cast<std::chrono::seconds>(at) +
+                                  (at == std::chrono::time_point_cast<std::chrono::seconds>(at)
+                                       ? std::chrono::seconds(0)
+                                       : std::chrono::seconds(1));
+        if (!prev || *prev < rounded) st.next_restart_time = api::format_time(rounded);
+      }
+      api::set_condition(st, api::condition::kRestarting, "True", reason, message, p.now);
+      if (api::find_condition(st, api::condition::kRunning)) {
+        api::set_condition(st, api::condition::kRunning, "False", reason, message, p.now);
+      }
+      if (options_.on_restart) options_.on_restart(reason);
+      p.event(
+          "Warning", reason,
+          message + ": restart attempt " + std::to_string(st.restart_attempt) +
+              (delay > milliseconds(0) ? " after " + std::to_string(delay.count()) + "ms backoff"
+                                       : std::string()));
+    };
+    auto backoff_for_failures = [&] {
+      return restart_backoff(policy.backoff, st.failure_count, options_.jitter01());
+    };
+    std::vector<std::string> all_pods;
+    for (const Desired& d : desired) all_pods.push_back(d.pod);
+
+    const auto success = job_succeeded(spec, outcomes, p.ref(st.chief_pod));
+    if (success) {
+      p.finish(api::phase::kSucceeded, success->reason, success->message);
+    } else if (!permanent.empty()) {
+      const Candidate& first = permanent.front();
+      p.finish(api::phase::kFailed, first.c.reason, first.c.message);
+    } else if (st.failure_count > policy.backoff_limit) {
+      budget_exceeded("pod " + p.ref(container_restart_pod) + " restarted its containers");
+    } else if (policy.restart_scope == api::RestartScope::kGroup &&
+               (!disrupted.empty() || !retryable.empty())) {
+      if (!disrupted.empty()) {
+        st.preemption_count += static_cast<int32_t>(disrupted.size());
+        std::string msg = disrupted.front().c.message;
+        if (disrupted.size() > 1) msg += " and " + std::to_string(disrupted.size() - 1) + " more";
+        restart(all_pods, disrupted.front().c.reason, msg + " (no failure budget spent)",
+                milliseconds(0));
+      } else {
+        st.failure_count += 1;
+        if (st.failure_count > policy.backoff_limit) {
+          budget_exceeded(retryable.front().c.message);
+        } else {
+          restart(all_pods, retryable.front().c.reason,
+                  retryable.front().c.message + ", failures " + std::to_string(st.failure_count) +
+                      "/" + std::to_string(policy.backoff_limit),
+                  backoff_for_failures());
+        }
+      }
+    } else if (policy.restart_scope == api::RestartScope::kPod) {
+      for (const Candidate& d : disrupted) {
+        st.preemption_count += 1;
+        restart({d.name}, d.c.reason, d.c.message + " (no failure budget spent)", milliseconds(0));
+      }
+      for (const Candidate& f : retryable) {
+        st.failure_count += 1;
+        if (st.failure_count > policy.backoff_limit) {
+          budget_exceeded(f.c.message);
+          break;
+        }
+        restart({f.name}, f.c.reason,
+                f.c.message + ", failures " + std::to_string(st.failure_count) + "/" +
+                    std::to_string(policy.backoff_limit),
+                backoff_for_failures());
+      }
+    }
+
+    if (api::is_finished(st)) {
+      finished_path();
+    } else {
+      // Step 10: summarise; the Running and Restarting conditions follow the pods.
+      bool all_running = !desired.empty();
+      for (const Desired& d : desired) {
+        auto it = owned.find(d.pod);
+        const api::PodRecord& rec = st.pods[d.pod];
+        all_running &= it != owned.end() && it->second.attempt >= rec.restart_attempt &&
+                       !it->second.terminating && it->second.phase == "Running";
+      }
+      if (all_running) {
+        if (api::condition_true(st, api::condition::kRestarting)) {
+          api::set_condition(st, api::condition::kRestarting, "False", api::reason::kRestartDone,
+                             "all replicas running again", p.now);
+          p.event(
+              "Normal", api::reason::kRestartDone,
+              "restart attempt " + std::to_string(st.restart_attempt) + ": all replicas running");
+        }
+        if (!api::condition_true(st, api::condition::kRunning)) {
+          api::set_condition(st, api::condition::kRunning, "True", api::reason::kAllReplicasRunning,
+                             "all replicas are running", p.now);
+          p.event("Normal", api::reason::kAllReplicasRunning, "all replicas are running");
+        }
+        st.next_restart_time.clear();
+      }
+      if (api::condition_true(st, api::condition::kRestarting)) {
+        st.phase = std::string(api::phase::kRestarting);
+      } else if (api::condition_true(st, api::condition::kRunning)) {
+        st.phase = std::string(api::phase::kRunning);
+      } else {
+        st.phase = std::string(api::phase::kPending);
+      }
+
+      // Step 11: plan pod creations, after the restart backoff.
+      const auto not_before = api::parse_time_or_null(st.next_restart_time);
+      for (const Desired& d : desired) {
+        const api::PodRecord& rec = st.pods[d.pod];
+        if (rec.created) continue;
+        if (occupied.contains(d.pod) && owned.contains(d.pod) &&
+            owned.at(d.pod).attempt >= rec.restart_attempt) {
+          continue;  // the pod of this incarnation exists
+        }
+        if (occupied.contains(d.pod)) continue;  // wait until the old pod is gone
+        if (expectations_.creation_pending(p.key, d.pod) ||
+            expectations_.deletion_pending(p.key, d.pod)) {
+          continue;
+        }
+        if (not_before && p.now < *not_before) {
+          p.requeue_in(until(p.now, *not_before));
+          continue;
+        }
+        p.actions.push_back({Action::Kind::kCreatePod, d.pod, "",
+                             build_pod(p.job, spec, d.type, d.index, rec.restart_attempt),
+                             std::string(api::reason::kCreatedPod),
+                             "created pod " + p.ref(d.pod) + " (restart attempt " +
+                                 std::to_string(rec.restart_attempt) + ")"});
+      }
+    }
+  }
+  if (!p.actions.empty() && api::is_finished(st) == false && st.phase.empty()) {
+    st.phase = std::string(api::phase::kPending);
+  }
+
+  // Replica counts of the current incarnation (frozen once finished), and the printer columns.
+  if (!api::is_finished(p.old_status) && invalid.empty()) {
+    std::map<std::string, api::ReplicaStatus> counts;
+    int ready = 0;
+    for (const Desired& d : desired) {
+      api::ReplicaStatus& c = counts[std::string(api::replica_type_name(d.type))];
+      auto it = owned.find(d.pod);
+      const auto rec = st.pods.find(d.pod);
+      if (it == owned.end() || rec == st.pods.end() ||
+          it->second.attempt < rec->second.restart_attempt) {
+        continue;
+      }
+      const ObservedPod& op = it->second;
+      if (op.phase == "Succeeded") {
+        ++c.succeeded;
+      } else if (op.phase == "Failed") {
+        ++c.failed;
+      } else if (!op.terminating) {
+        ++c.active;
+        if (op.ready) {
+          ++c.ready;
+          ++ready;
+        }
+      }
+    }
+    st.replica_statuses = std::move(counts);
+    st.ready = std::to_string(ready) + "/" + std::to_string(desired.size());
+  }
+  st.failure_budget = std::to_string(st.failure_count) + "/" + std::to_string(policy.backoff_limit);
+
+  // Step 12: one status write, only when something changed; it commits every decision above
+  // before any pod is touched.
+  const json new_status = api::to_json(st);
+  if (new_status != api::to_json(p.old_status)) {
+    json updated = p.job;
+    updated["status"] = new_status;
+    p.job = client_.update_status(res::kTrainingJobs, ns, updated);
+  }
+  report_phase(st.phase);
+  for (const auto& e : p.events) events_->record(p.job, e.type, e.reason, e.message);
+
+  // Step 13: act on the children the committed status asks for.
+  for (const Action& a : p.actions) {
+    switch (a.kind) {
+      case Action::Kind::kCreatePod:
+        expectations_.expect_creation(p.key, a.name);
+        try {
+          client_.create(res::kPods, ns, a.object);
+          events_->record(p.job, "Normal", a.reason, a.message);
+        } catch (const kube::AlreadyExistsError&) {
+          // Exists already (a previous pass or another operator made it): nothing to do.
+        }
+        break;
+      case Action::Kind::kCreateService:
+      case Action::Kind::kCreateClaim:
+        try {
+          client_.create(a.kind == Action::Kind::kCreateService ? res::kServices
+                                                                : res::kPersistentVolumeClaims,
+                         ns, a.object);
+          events_->record(p.job, "Normal", a.reason, a.message);
+        } catch (const kube::AlreadyExistsError&) {
+        }
+        break;
+      case Action::Kind::kDeletePod:
+      case Action::Kind::kForceDeletePod: {
+        kube::DeleteOptions opts;
+        if (!a.uid.empty()) opts.precondition_uid = a.uid;
+        if (a.kind == Action::Kind::kForceDeletePod) opts.grace_period_seconds = 0;
+        expectations_.expect_deletion(p.key, a.name, a.uid);
+        try {
+          client_.remove(res::kPods, ns, a.name, opts);
+          if (!a.reason.empty()) {
+            events_->record(p.job, a.kind == Action::Kind::kForceDeletePod ? "Warning" : "Normal",
+                            a.reason, a.message);
+          }
+        } catch (const kube::NotFoundError&) {
+        } catch (const kube::ConflictError&) {
+          // The uid precondition failed: a newer pod holds the name; leave it.
+        }
+        break;
+      }
+    }
+  }
+
+  // TTL: the job itself goes last, after its status recorded why.
+  if (invalid.empty() && api::is_finished(st)) {
+    if (auto left = ttl_remaining(policy, st, p.now);
+        left && *left <= std::chrono::system_clock::duration::zero()) {
+      kube::DeleteOptions opts;
+      opts.propagation_policy = "Background";
+      try {
+        client_.remove(res::kTrainingJobs, ns, name, opts);
+      } catch (const kube::NotFoundError&) {
+      }
+      expectations_.forget(p.key);
+      report_phase("");
+      return {};
+    }
+  }
+  return ReconcileResult{p.requeue};
+}
+
+}  // namespace longhaul::controller

@@ -1,0 +1,465 @@
+// Reconciler tests against the in-memory client: the decisions a user sees in the job's status
+// and in the pods, with a controllable clock. The kubelet is simulated by writing pod status.
+#include "longhaul/controller/reconciler.h"
+
+#include <gtest/gtest.h>
+
+#include "longhaul/controller/children.h"
+#include "memory_client.h"
+
+namespace longhaul::controller {
+namespace {
+
+namespace res = kube::resources;
+
+class RecordingEvents : public EventSink {
+ public:
+  void record(const json&, std::string_view type, std::string_view reason,
+              std::string_view message) override {
+    std::lock_guard lock(mu);
+    reasons.push_back(std::string(reason));
+    messages.push_back(std::string(type) + " " + std::string(reason) + ": " + std::string(message));
+  }
+  bool saw(std::string_view reason) {
+    std::lock_guard lock(mu);
+    return std::find(reasons.begin(), reasons.end(), reason) != reasons.end();
+  }
+  std::mutex mu;
+  std::vector<std::string> reasons, messages;
+};
+
+json default_spec() {
+  return json::parse(R"({
+    "replicaSpecs": {
+      "Chief": {"template": {"spec": {"containers": [{"name": "trainer", "image": "lh"}]}}},
+      "Worker": {"replicas": 2,
+                 "template": {"spec": {"containers": [{"name": "trainer", "image": "lh"}]}}}
+    },
+    "runPolicy": {"backoff": {"initialSeconds": 0, "maxSeconds": 0}}
+  })");
+}
+
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  ReconcilerTest() { reconciler = make_reconciler(); }
+
+  std::unique_ptr<Reconciler> make_reconciler() {
+    ReconcilerOptions o;
+    o.now = [this] { return now; };
+    o.jitter01 = [] { return 0.0; };
+    return std::make_unique<Reconciler>(client, nullptr, &events, o);
+  }
+
+  void create_job(const json& spec) {
+    client.create(res::kTrainingJobs, "ns",
+                  {{"apiVersion", "longhaul.dev/v1alpha1"},
+                   {"kind", "TrainingJob"},
+                   {"metadata", {{"name", "j"}, {"namespace", "ns"}}},
+                   {"spec", spec}});
+  }
+
+  ReconcileResult reconcile() { return reconciler->reconcile("ns", "j"); }
+
+  // Reconciles until a pass writes nothing (at most 20 passes); returns the passes that wrote.
+  int settle() {
+    for (int i = 0; i < 20; ++i) {
+      const int before = client.writes();
+      reconcile();
+      if (client.writes() == before) return i;
+    }
+    ADD_FAILURE() << "the reconciler did not converge in 20 passes";
+    return 20;
+  }
+
+  api::TrainingJobStatus status() {
+    return api::parse_status(client.get(res::kTrainingJobs, "ns", "j").value("status", json{}));
+  }
+  json pod(const std::string& name) { return client.get(res::kPods, "ns", name); }
+  std::vector<std::string> pod_names() {
+    std::vector<std::string> names;
+    for (const json& p : client.all(res::kPods, "ns")) names.push_back(p["metadata"]["name"]);
+    return names;
+  }
+
+  void set_phase(const std::string& name, const std::string& phase, int exit_code = 0,
+                 const json& extra = json::object()) {
+    json p = pod(name);
+    p["status"] = {{"phase", phase}};
+    if (phase == "Running") {
+      p["status"]["conditions"] = {{{"type", "Ready"}, {"status", "True"}}};
+    }
+    if (phase == "Failed" || phase == "Succeeded") {
+      p["status"]["containerStatuses"] = {
+          {{"name", "trainer"}, {"state", {{"terminated", {{"exitCode", exit_code}}}}}}};
+    }
+    p["status"].merge_patch(extra);
+    client.put(res::kPods, p);
+  }
+  void run_all() {
+    for (const std::string& n : pod_names()) {
+      if (pod(n).value("status", json::object()).value("phase", "") != "Running")
+        set_phase(n, "Running");
+    }
+  }
+  void preempt(const std::string& name) {
+    set_phase(name, "Failed", 143,
+              {{"conditions",
+                {{{"type", "DisruptionTarget"},
+                  {"status", "True"},
+                  {"reason", "PreemptionByScheduler"}}}}});
+  }
+  std::string uid(const std::string& name) { return pod(name)["metadata"]["uid"]; }
+  std::string attempt(const std::string& name) {
+    return pod(name)["metadata"]["annotations"]["longhaul.dev/restart-attempt"];
+  }
+  void start_running() {
+    settle();
+    run_all();
+    settle();
+    ASSERT_EQ(status().phase, "Running");
+  }
+
+  testing::MemoryClient client;
+  RecordingEvents events;
+  api::Time now = api::parse_time("2026-11-21T13:00:00Z");
+  std::unique_ptr<Reconciler> reconciler;
+};
+
+TEST_F(ReconcilerTest, MissingJobIsDone) {
+  EXPECT_FALSE(reconcile().requeue_after);
+  EXPECT_EQ(client.writes(), 0);
+}
+
+TEST_F(ReconcilerTest, CreatesClaimServiceAndPodsThenStaysPending) {
+  create_job(default_spec());
+  settle();
+  EXPECT_TRUE(client.has(res::kPersistentVolumeClaims, "ns", "j-logdir"));
+  EXPECT_TRUE(client.has(res::kServices, "ns", "j"));
+  EXPECT_EQ(pod_names(), (std::vector<std::string>{"j-chief-0", "j-worker-0", "j-worker-1"}));
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Pending");
+  EXPECT_TRUE(api::condition_true(s, api::condition::kCreated));
+  EXPECT_EQ(s.chief_pod, "j-chief-0");
+  EXPECT_EQ(s.ready, "0/3");
+  EXPECT_EQ(s.observed_generation, 1);
+  EXPECT_EQ(s.start_time, "2026-11-21T13:00:00Z");
+  EXPECT_TRUE(events.saw(api::reason::kCreatedPod));
+}
+
+TEST_F(ReconcilerTest, RunningJobMakesNoWritesOnceConverged) {
+  create_job(default_spec());
+  start_running();
+  const auto s = status();
+  EXPECT_TRUE(api::condition_true(s, api::condition::kRunning));
+  EXPECT_EQ(s.replica_statuses.at("Worker").ready, 2);
+  EXPECT_EQ(s.ready, "3/3");
+  client.reset_counts();
+  for (int i = 0; i < 3; ++i) reconcile();
+  EXPECT_EQ(client.writes(), 0);
+}
+
+TEST_F(ReconcilerTest, ChiefExit1FailsTheJobNamingPodAndCode) {
+  create_job(default_spec());
+  start_running();
+  set_phase("j-chief-0", "Failed", 1);
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, api::reason::kPermanentExit);
+  EXPECT_NE(failed->message.find("ns/j-chief-0"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("code 1"), std::string::npos) << failed->message;
+  EXPECT_FALSE(s.completion_time.empty());
+  // cleanPodPolicy Running: the workers are deleted, the failed chief stays for its logs.
+  EXPECT_EQ(pod_names(), std::vector<std::string>{"j-chief-0"});
+}
+
+TEST_F(ReconcilerTest, TenPreemptionsKeepTheJobRunningWithoutSpendingBudget) {
+  create_job(default_spec());
+  start_running();
+  for (int i = 0; i < 10; ++i) {
+    preempt(i % 2 == 0 ? "j-worker-1" : "j-chief-0");
+    settle();
+    run_all();
+    settle();
+  }
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_EQ(s.preemption_count, 10);
+  EXPECT_EQ(s.failure_count, 0);
+  EXPECT_EQ(s.restart_count, 10);
+  EXPECT_EQ(s.restart_attempt, 10);
+  EXPECT_EQ(attempt("j-worker-0"), "10");
+  EXPECT_TRUE(events.saw(api::reason::kPreempted));
+}
+
+TEST_F(ReconcilerTest, Exit137RestartsTheGroupAfterBackoff) {
+  json spec = default_spec();
+  spec["runPolicy"]["backoff"] = {{"initialSeconds", 10}, {"maxSeconds", 60}};
+  create_job(spec);
+  start_running();
+  const std::string old_uid = uid("j-worker-0");
+  set_phase("j-worker-1", "Failed", 137);
+  settle();
+  auto s = status();
+  EXPECT_EQ(s.phase, "Restarting");
+  EXPECT_EQ(s.failure_count, 1);
+  EXPECT_EQ(s.next_restart_time, "2026-11-21T13:00:10Z");
+  EXPECT_TRUE(pod_names().empty()) << "old incarnation deleted, new one waits for the backoff";
+  const auto r = reconcile();
+  ASSERT_TRUE(r.requeue_after);
+  EXPECT_EQ(*r.requeue_after, std::chrono::seconds(10));
+  now += std::chrono::seconds(10);
+  settle();
+  EXPECT_EQ(pod_names().size(), 3u);
+  EXPECT_NE(uid("j-worker-0"), old_uid);
+  EXPECT_EQ(attempt("j-worker-0"), "1");
+  run_all();
+  settle();
+  s = status();
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_FALSE(api::condition_true(s, api::condition::kRestarting));
+  EXPECT_TRUE(s.next_restart_time.empty());
+}
+
+TEST_F(ReconcilerTest, BackoffLimitCountsAcrossRecreations) {
+  json spec = default_spec();
+  spec["runPolicy"]["backoffLimit"] = 2;
+  create_job(spec);
+  start_running();
+  for (int i = 0; i < 2; ++i) {
+    set_phase("j-worker-0", "Failed", 138);
+    settle();
+    run_all();
+    settle();
+    EXPECT_EQ(status().phase, "Running");
+  }
+  set_phase("j-worker-0", "Failed", 138);
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  EXPECT_EQ(s.failure_count, 3);
+  EXPECT_EQ(s.failure_budget, "3/2");
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  EXPECT_EQ(failed->reason, api::reason::kBackoffLimitExceeded);
+  EXPECT_NE(failed->message.find("backoffLimit 2"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("j-worker-0"), std::string::npos) << failed->message;
+}
+
+TEST_F(ReconcilerTest, ContainerRestartsInPlaceCountAgainstTheBudget) {
+  json spec = default_spec();
+  spec["runPolicy"]["backoffLimit"] = 3;
+  spec["replicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure";
+  create_job(spec);
+  start_running();
+  set_phase("j-worker-1", "Running", 0,
+            {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 2}}}}});
+  settle();
+  EXPECT_EQ(status().failure_count, 2);
+  EXPECT_EQ(status().phase, "Running");
+  settle();
+  EXPECT_EQ(status().failure_count, 2) << "the same restarts are counted once";
+  set_phase("j-worker-1", "Running", 0,
+            {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 4}}}}});
+  settle();
+  EXPECT_EQ(status().phase, "Failed");
+  EXPECT_EQ(api::find_condition(status(), api::condition::kFailed)->reason,
+            api::reason::kBackoffLimitExceeded);
+}
+
+TEST_F(ReconcilerTest, PodScopeRestartsOnlyTheFailedPod) {
+  json spec = default_spec();
+  spec["runPolicy"]["restartScope"] = "Pod";
+  create_job(spec);
+  start_running();
+  const std::string chief_uid = uid("j-chief-0");
+  set_phase("j-worker-1", "Failed", 137);
+  settle();
+  EXPECT_EQ(uid("j-chief-0"), chief_uid);
+  EXPECT_EQ(attempt("j-worker-1"), "1");
+  EXPECT_EQ(attempt("j-worker-0"), "0");
+  EXPECT_EQ(status().failure_count, 1);
+}
+
+TEST_F(ReconcilerTest, PodDeletedFromUnderUsIsAPreemption) {
+  create_job(default_spec());
+  start_running();
+  client.erase(res::kPods, "ns", "j-worker-0");
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.preemption_count, 1);
+  EXPECT_EQ(s.failure_count, 0);
+  EXPECT_EQ(pod_names().size(), 3u);
+  EXPECT_EQ(attempt("j-chief-0"), "1");
+}
+
+TEST_F(ReconcilerTest, PodStuckTerminatingIsForceDeletedAfterTheTimeout) {
+  json spec = default_spec();
+  spec["runPolicy"]["nodeLostTimeoutSeconds"] = 30;
+  create_job(spec);
+  start_running();
+  client.graceful_pod_deletion = true;
+  client.now_text = "2026-11-21T13:00:00Z";
+  // The node is lost: someone deleted the pod, but no kubelet confirms it.
+  json p = pod("j-worker-0");
+  p["metadata"]["deletionTimestamp"] = "2026-11-21T13:00:00Z";
+  client.put(res::kPods, p);
+  settle();
+  EXPECT_EQ(status().preemption_count, 1);
+  EXPECT_TRUE(client.has(res::kPods, "ns", "j-worker-0"));
+  EXPECT_EQ(client.writes_of("delete", "pods"), 2) << "the other two pods of the group";
+  const auto r = reconcile();
+  ASSERT_TRUE(r.requeue_after);
+  EXPECT_LE(*r.requeue_after, std::chrono::seconds(30));
+  now += std::chrono::seconds(31);
+  // The other pods terminated normally.
+  client.erase(res::kPods, "ns", "j-chief-0");
+  client.erase(res::kPods, "ns", "j-worker-1");
+  reconcile();
+  EXPECT_FALSE(client.has(res::kPods, "ns", "j-worker-0"));
+  EXPECT_TRUE(events.saw(api::reason::kForceDeletedPod));
+  client.graceful_pod_deletion = false;
+  settle();
+  EXPECT_EQ(pod_names().size(), 3u);
+  EXPECT_EQ(attempt("j-worker-0"), "1");
+}
+
+struct SuccessCase {
+  const char* name;
+  const char* clean_pod_policy;
+  std::vector<std::string> pods_left;
+};
+void PrintTo(const SuccessCase& c, std::ostream* os) { *os << c.name; }
+class ReconcilerSuccess : public ReconcilerTest,
+                          public ::testing::WithParamInterface<SuccessCase> {};
+TEST_P(ReconcilerSuccess, ChiefSuccessFinishesAndCleansUpByPolicy) {
+  json spec = default_spec();
+  spec["runPolicy"]["cleanPodPolicy"] = GetParam().clean_pod_policy;
+  create_job(spec);
+  start_running();
+  set_phase("j-worker-0", "Succeeded");
+  set_phase("j-chief-0", "Succeeded");
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Succeeded");
+  EXPECT_EQ(api::find_condition(s, api::condition::kSucceeded)->reason,
+            api::reason::kChiefSucceeded);
+  EXPECT_EQ(pod_names(), GetParam().pods_left);
+  client.reset_counts();
+  reconcile();
+  EXPECT_EQ(client.writes(), 0);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Table, ReconcilerSuccess,
+    ::testing::Values(SuccessCase{"Running", "Running", {"j-chief-0", "j-worker-0"}},
+                      SuccessCase{"All", "All", {}},
+                      SuccessCase{"None", "None", {"j-chief-0", "j-worker-0", "j-worker-1"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(ReconcilerTest, SuspendDeletesPodsAndResumeRecreatesThem) {
+  create_job(default_spec());
+  start_running();
+  json job = client.get(res::kTrainingJobs, "ns", "j");
+  job["spec"]["runPolicy"]["suspend"] = true;
+  client.update(res::kTrainingJobs, "ns", job);
+  settle();
+  auto s = status();
+  EXPECT_EQ(s.phase, "Suspended");
+  EXPECT_TRUE(api::condition_true(s, api::condition::kSuspended));
+  EXPECT_TRUE(pod_names().empty());
+  EXPECT_TRUE(s.start_time.empty());
+  job = client.get(res::kTrainingJobs, "ns", "j");
+  job["spec"]["runPolicy"]["suspend"] = false;
+  client.update(res::kTrainingJobs, "ns", job);
+  settle();
+  EXPECT_EQ(pod_names().size(), 3u);
+  EXPECT_EQ(attempt("j-worker-1"), "1");
+  run_all();
+  settle();
+  s = status();
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_EQ(api::find_condition(s, api::condition::kSuspended)->status, "False");
+  EXPECT_EQ(s.observed_generation, 3);
+  EXPECT_EQ(s.failure_count, 0);
+}
+
+TEST_F(ReconcilerTest, ActiveDeadlineFailsTheJobAndStopsPods) {
+  json spec = default_spec();
+  spec["runPolicy"]["activeDeadlineSeconds"] = 60;
+  spec["runPolicy"]["cleanPodPolicy"] = "None";
+  create_job(spec);
+  start_running();
+  const auto r = reconcile();
+  ASSERT_TRUE(r.requeue_after);
+  EXPECT_EQ(*r.requeue_after, std::chrono::seconds(60));
+  now += std::chrono::seconds(61);
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  EXPECT_EQ(api::find_condition(s, api::condition::kFailed)->reason,
+            api::reason::kDeadlineExceeded);
+  EXPECT_TRUE(pod_names().empty());
+}
+
+TEST_F(ReconcilerTest, TtlDeletesTheFinishedJob) {
+  json spec = default_spec();
+  spec["runPolicy"]["ttlSecondsAfterFinished"] = 30;
+  create_job(spec);
+  start_running();
+  set_phase("j-chief-0", "Succeeded");
+  settle();
+  EXPECT_TRUE(client.has(res::kTrainingJobs, "ns", "j"));
+  now += std::chrono::seconds(30);
+  reconcile();
+  EXPECT_FALSE(client.has(res::kTrainingJobs, "ns", "j"));
+  EXPECT_TRUE(pod_names().empty()) << "owned pods are garbage-collected with the job";
+  EXPECT_TRUE(client.has(res::kPersistentVolumeClaims, "ns", "j-logdir"))
+      << "reclaimPolicy Retain keeps the logdir";
+}
+
+TEST_F(ReconcilerTest, InvalidSpecFailsOnceWithoutCrashLooping) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["template"]["spec"]["containers"] = json::array();
+  create_job(spec);
+  EXPECT_NO_THROW(settle());
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  EXPECT_EQ(failed->reason, api::reason::kInvalidSpec);
+  EXPECT_EQ(failed->message,
+            "spec.replicaSpecs.Worker.template.spec.containers: must list at least one container");
+  EXPECT_TRUE(pod_names().empty());
+  client.reset_counts();
+  reconcile();
+  EXPECT_EQ(client.writes(), 0);
+}
+
+TEST_F(ReconcilerTest, RestartedOperatorRecoversFromTheClusterWithoutDuplicates) {
+  create_job(default_spec());
+  start_running();
+  preempt("j-worker-0");
+  reconcile();                     // decides the restart, commits it, deletes the old pods
+  reconciler = make_reconciler();  // a new process: no memory of anything
+  settle();
+  run_all();
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.preemption_count, 1);
+  EXPECT_EQ(s.restart_attempt, 1);
+  EXPECT_EQ(pod_names().size(), 3u);
+  EXPECT_EQ(client.writes_of("create", "pods"), 6);
+}
+
+TEST_F(ReconcilerTest, CreatingAnExistingPodIsTreatedAsExisting) {
+  create_job(default_spec());
+  reconcile();
+  // A second operator (or a lost answer) already created the pods.
+  auto other = make_reconciler();
+  other->reconcile("ns", "j");
+  other->reconcile("ns", "j");
+  EXPECT_EQ(pod_names().size(), 3u);
+}
+
+}  // namespace
+}  // namespace longhaul::controller
