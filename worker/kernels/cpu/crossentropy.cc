@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "parallel_config.h"
+#include "parallel.h"
 
 namespace longhaul::kernels::cpu {
 namespace {
@@ -27,26 +27,28 @@ LogSumExp log_sum_exp(const float* z, int V) {
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                           int V) {
   const bool parallel = static_cast<size_t>(N) * V >= kParallelMinWork;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int i = 0; i < N; ++i) {
-    const float* z = logits + static_cast<size_t>(i) * V;
-    const LogSumExp lse = log_sum_exp(z, V);
-    losses[i] = (lse.max - z[targets[i]]) + lse.log_sum;
-  }
+  parallel_for(N, parallel, [&](int64_t begin, int64_t end) {
+    for (int i = static_cast<int>(begin); i < end; ++i) {
+      const float* z = logits + static_cast<size_t>(i) * V;
+      const LogSumExp lse = log_sum_exp(z, V);
+      losses[i] = (lse.max - z[targets[i]]) + lse.log_sum;
+    }
+  });
 }
 
 void crossentropy_forward_backward(float* losses, float* logits, const int32_t* targets,
                                    float dloss, int N, int V) {
   const bool parallel = static_cast<size_t>(N) * V >= kParallelMinWork;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int i = 0; i < N; ++i) {
-    float* z = logits + static_cast<size_t>(i) * V;
-    const int y = targets[i];
-    const LogSumExp lse = log_sum_exp(z, V);
-    losses[i] = (lse.max - z[y]) + lse.log_sum;
-    for (int j = 0; j < V; ++j) z[j] = std::exp((z[j] - lse.max) - lse.log_sum) * dloss;
-    z[y] -= dloss;
-  }
+  parallel_for(N, parallel, [&](int64_t begin, int64_t end) {
+    for (int i = static_cast<int>(begin); i < end; ++i) {
+      float* z = logits + static_cast<size_t>(i) * V;
+      const int y = targets[i];
+      const LogSumExp lse = log_sum_exp(z, V);
+      losses[i] = (lse.max - z[y]) + lse.log_sum;
+      for (int j = 0; j < V; ++j) z[j] = std::exp((z[j] - lse.max) - lse.log_sum) * dloss;
+      z[y] -= dloss;
+    }
+  });
 }
 
 }  // namespace longhaul::kernels::cpu

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "parallel_config.h"
+#include "parallel.h"
 
 namespace longhaul::kernels::cpu {
 namespace {
@@ -13,27 +13,29 @@ constexpr float kCoeff = 0.044715f;
 void gelu_forward(float* out, const float* inp, size_t N) {
   const long long n = static_cast<long long>(N);
   const bool parallel = N >= kParallelMinWork;
-#pragma omp parallel for simd schedule(static) if (parallel)
-  for (long long i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
-    out[i] = 0.5f * x * (1.0f + std::tanh(u));
-  }
+  parallel_for(n, parallel, [&](int64_t begin, int64_t end) {
+    for (long long i = static_cast<long long>(begin); i < end; ++i) {
+      const float x = inp[i];
+      const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
+      out[i] = 0.5f * x * (1.0f + std::tanh(u));
+    }
+  });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
   const long long n = static_cast<long long>(N);
   const bool parallel = N >= kParallelMinWork;
-#pragma omp parallel for simd schedule(static) if (parallel)
-  for (long long i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
-    const float th = std::tanh(u);
-    const float sech2 = 1.0f - th * th;
-    const float grad =
-        0.5f * (1.0f + th) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCoeff * x * x);
-    dinp[i] += grad * dout[i];
-  }
+  parallel_for(n, parallel, [&](int64_t begin, int64_t end) {
+    for (long long i = static_cast<long long>(begin); i < end; ++i) {
+      const float x = inp[i];
+      const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
+      const float th = std::tanh(u);
+      const float sech2 = 1.0f - th * th;
+      const float grad =
+          0.5f * (1.0f + th) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCoeff * x * x);
+      dinp[i] += grad * dout[i];
+    }
+  });
 }
 
 }  // namespace longhaul::kernels::cpu

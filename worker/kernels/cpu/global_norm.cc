@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "parallel_config.h"
+#include "parallel.h"
 
 namespace longhaul::kernels::cpu {
 
@@ -12,13 +12,14 @@ double sum_of_squares(const float* x, size_t n) {
   const long long chunks = static_cast<long long>((n + kChunk - 1) / kChunk);
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
   const bool parallel = n >= kParallelMinWork;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (long long k = 0; k < chunks; ++k) {
-    const size_t i0 = static_cast<size_t>(k) * kChunk, i1 = std::min(n, i0 + kChunk);
-    double acc = 0.0;
-    for (size_t i = i0; i < i1; ++i) acc += static_cast<double>(x[i]) * x[i];
-    partial[static_cast<size_t>(k)] = acc;
-  }
+  parallel_for(chunks, parallel, [&](int64_t begin, int64_t end) {
+    for (long long k = static_cast<long long>(begin); k < end; ++k) {
+      const size_t i0 = static_cast<size_t>(k) * kChunk, i1 = std::min(n, i0 + kChunk);
+      double acc = 0.0;
+      for (size_t i = i0; i < i1; ++i) acc += static_cast<double>(x[i]) * x[i];
+      partial[static_cast<size_t>(k)] = acc;
+    }
+  });
   double total = 0.0;
   for (double p : partial) total += p;
   return total;

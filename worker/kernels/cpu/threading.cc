@@ -1,20 +1,168 @@
+// The CPU kernels' thread team (parallel.h) and its public controls (threading.h).
 #include "longhaul/kernels/cpu/threading.h"
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+#include <vector>
 
-#include <omp.h>
+#include "parallel.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace longhaul::kernels::cpu {
+namespace {
 
-void set_num_threads(int n) {
-  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
-  if (n <= 0) n = 1;
-  omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int default_threads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+thread_local bool t_inside_team = false;
+
+// Workers 1..size-1 (the caller is member 0). A job is published by bumping `generation_`;
+// each worker runs its block and decrements `pending_`. Workers spin briefly on the generation
+// before sleeping on `wake_`, the caller spins then sleeps on `done_`.
+class Team {
+ public:
+  ~Team() { resize(1); }
+
+  int size() const { return size_.load(std::memory_order_relaxed); }
+
+  void resize(int threads) {
+    std::lock_guard<std::mutex> lock(dispatch_mutex_);
+    if (threads == size_) return;
+    {
+      std::lock_guard<std::mutex> state(state_mutex_);
+      stop_ = true;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+    stop_ = false;
+    size_ = threads;
+    // Workers start from the current generation: a job published before a worker first runs
+    // is still seen as new by it.
+    const uint64_t start = generation_.load(std::memory_order_acquire);
+    for (int id = 1; id < threads; ++id) {
+      workers_.emplace_back([this, id, start] { worker_loop(id, start); });
+    }
+  }
+
+  void run(int64_t n, bool parallel, detail::BlockFn fn, void* context) {
+    if (!parallel || n < 2 || t_inside_team) {
+      fn(context, 0, n);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(dispatch_mutex_);
+    const int members = static_cast<int>(std::min<int64_t>(size_.load(), n));
+    if (members < 2) {
+      fn(context, 0, n);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> state(state_mutex_);
+      job_ = Job{fn, context, n, members};
+      pending_.store(members - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    t_inside_team = true;
+    run_block(job_, 0);
+    t_inside_team = false;
+    for (int spin = 0; spin < kSpins && pending_.load(std::memory_order_acquire) != 0; ++spin) {
+      cpu_relax();
+    }
+    if (pending_.load(std::memory_order_acquire) != 0) {
+      std::unique_lock<std::mutex> state(state_mutex_);
+      done_.wait(state, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+  }
+
+ private:
+  static constexpr int kSpins = 20000;  // ~ tens of microseconds
+
+  struct Job {
+    detail::BlockFn fn = nullptr;
+    void* context = nullptr;
+    int64_t n = 0;
+    int members = 0;
+  };
+
+  static void run_block(const Job& job, int id) {
+    if (id >= job.members) return;
+    const int64_t per = job.n / job.members, extra = job.n % job.members;
+    const int64_t begin = id * per + std::min<int64_t>(id, extra);
+    const int64_t end = begin + per + (id < extra ? 1 : 0);
+    if (begin < end) job.fn(job.context, begin, end);
+  }
+
+  void worker_loop(int id, uint64_t seen) {
+    t_inside_team = true;
+    for (;;) {
+      Job job;
+      for (int spin = 0; spin < kSpins && generation_.load(std::memory_order_acquire) == seen;
+           ++spin) {
+        cpu_relax();
+      }
+      {
+        std::unique_lock<std::mutex> state(state_mutex_);
+        wake_.wait(state, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        seen = generation_.load(std::memory_order_acquire);
+        if (stop_) return;
+        job = job_;
+      }
+      if (id < job.members) {
+        run_block(job, id);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          std::lock_guard<std::mutex> state(state_mutex_);
+          done_.notify_one();
+        }
+      }
+    }
+  }
+
+  std::mutex dispatch_mutex_;  // one job at a time; guards size_ and workers_
+  std::atomic<int> size_{1};
+  std::vector<std::thread> workers_;
+
+  std::mutex state_mutex_;  // guards job_ and stop_ writes; paired with wake_ and done_
+  std::condition_variable wake_, done_;
+  Job job_;
+  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+};
+
+Team& team() {
+  static Team* instance = [] {
+    static Team t;
+    openblas_set_num_threads(1);  // OpenBLAS runs inside the team's threads, single-threaded
+    t.resize(default_threads());
+    return &t;
+  }();
+  return *instance;
+}
+
+}  // namespace
+
+namespace detail {
+void parallel_for_impl(int64_t n, bool parallel, BlockFn fn, void* context) {
+  team().run(n, parallel, fn, context);
+}
+}  // namespace detail
+
+void set_num_threads(int n) { team().resize(n <= 0 ? default_threads() : n); }
+
+int num_threads() { return team().size(); }
 
 }  // namespace longhaul::kernels::cpu

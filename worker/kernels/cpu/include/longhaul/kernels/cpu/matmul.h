@@ -15,7 +15,8 @@
 //
 // Memory: no scratch; sgemm's beta = 1 does the accumulation in place. The bias reduction
 // partitions output channels among threads (deterministic for any thread count).
-// sgemm is called outside OpenMP regions, so OpenBLAS's own threads do not oversubscribe.
+// Threads: each product is split into contiguous row (or, for weight gradients, column) blocks,
+// one per OpenMP thread, each a single-threaded sgemm (see threading.h).
 #pragma once
 
 namespace longhaul::kernels::cpu {

@@ -1,0 +1,490 @@
+// CPU GPT-2: parameter layout, activations, forward, backward and AdamW over the CPU kernels.
+#include "longhaul/model/gpt2_cpu.h"
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include <longhaul/base/error.h>
+#include <longhaul/kernels/cpu/adamw.h>
+#include <longhaul/kernels/cpu/attention.h>
+#include <longhaul/kernels/cpu/crossentropy.h>
+#include <longhaul/kernels/cpu/encoder.h>
+#include <longhaul/kernels/cpu/gelu.h>
+#include <longhaul/kernels/cpu/global_norm.h>
+#include <longhaul/kernels/cpu/layernorm.h>
+#include <longhaul/kernels/cpu/matmul.h>
+#include <longhaul/kernels/cpu/residual.h>
+
+namespace longhaul::model {
+namespace {
+
+namespace k = longhaul::kernels::cpu;
+
+// A zero-initialised, 64-byte aligned float array.
+class AlignedFloats {
+ public:
+  AlignedFloats() = default;
+  explicit AlignedFloats(size_t n) : size_(n) {
+    const size_t bytes = ((n * sizeof(float) + 63) / 64) * 64;
+    data_ = static_cast<float*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(data_, 0, bytes);
+  }
+  AlignedFloats(AlignedFloats&& o) noexcept : data_(o.data_), size_(o.size_) {
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  AlignedFloats& operator=(AlignedFloats&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  ~AlignedFloats() { std::free(data_); }
+
+  float* data() const { return data_; }
+  size_t size() const { return size_; }
+  void zero() { std::memset(data_, 0, size_ * sizeof(float)); }
+
+ private:
+  float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Indices of a block's tensors, in Hugging Face order.
+enum BlockTensor {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttProjW,
+  kAttProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kBlockTensors
+};
+constexpr std::array<const char*, kBlockTensors> kBlockTensorNames = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+struct TensorLayout {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0;
+  size_t numel = 0;
+  enum class Init { kNormal, kResidualNormal, kZero, kOne } init = Init::kNormal;
+};
+
+// Activations of one block kept for the backward pass (pointers into one allocation).
+struct BlockActivations {
+  float* ln1;        // (B, T, C)
+  float* ln1_mean;   // (B, T)
+  float* ln1_rstd;   // (B, T)
+  float* qkv;        // (B, T, 3C)
+  float* atty;       // (B, T, C)
+  float* att;        // (B, NH, T, T)
+  float* residual2;  // (B, T, C)
+  float* ln2;        // (B, T, C)
+  float* ln2_mean;   // (B, T)
+  float* ln2_rstd;   // (B, T)
+  float* fch;        // (B, T, 4C)
+  float* fch_gelu;   // (B, T, 4C)
+  float* residual3;  // (B, T, C)
+};
+
+// Gaussian numbers from a 64-bit Mersenne Twister with an explicit Box-Muller transform, so the
+// initialisation is the same with every standard library.
+class NormalGenerator {
+ public:
+  explicit NormalGenerator(uint64_t seed) : rng_(seed) {}
+  float next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return static_cast<float>(spare_);
+    }
+    const double u1 = (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+    const double u2 = static_cast<double>(rng_() >> 11) * 0x1.0p-53;          // [0, 1)
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double theta = 2.0 * 3.14159265358979323846 * u2;
+    spare_ = r * std::sin(theta);
+    has_spare_ = true;
+    return static_cast<float>(r * std::cos(theta));
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  double spare_ = 0.0;
+  bool has_spare_ = false;
+};
+
+class CpuGPT2 final : public LanguageModel {
+ public:
+  CpuGPT2(const GPT2Config& config, int max_batch_size, int max_seq_len);
+
+  const GPT2Config& config() const override { return config_; }
+  std::string_view device_name() const override { return "cpu"; }
+  int64_t num_parameters() const override { return static_cast<int64_t>(num_params_); }
+  int max_batch_size() const override { return max_B_; }
+  int max_seq_len() const override { return max_T_; }
+
+  void init_weights(uint64_t seed) override;
+  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                         float loss_scale) override;
+  float forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) override;
+  void zero_grad() override { grads_.zero(); }
+  float gradient_norm() override;
+  void optimizer_step(const AdamWOptions& options, float lr, float grad_scale) override;
+
+  std::span<float> parameters_flat() override { return {params_.data(), num_params_}; }
+  std::span<float> gradients_flat() override { return {grads_.data(), num_params_}; }
+  std::vector<NamedTensor> named_parameters() override { return named(params_, ""); }
+  std::vector<NamedTensor> named_optimizer_state() override {
+    std::vector<NamedTensor> out = named(m_, "optimizer.exp_avg.");
+    std::vector<NamedTensor> v = named(v_, "optimizer.exp_avg_sq.");
+    out.insert(out.end(), v.begin(), v.end());
+    return out;
+  }
+  int64_t optimizer_step_count() const override { return step_; }
+  void set_optimizer_step_count(int64_t steps) override {
+    if (steps < 0) {
+      throw InvalidArgument("optimizer step count " + std::to_string(steps) + " is negative");
+    }
+    step_ = steps;
+  }
+
+ private:
+  std::vector<NamedTensor> named(const AlignedFloats& buffer, const std::string& prefix) const {
+    std::vector<NamedTensor> out;
+    out.reserve(layout_.size());
+    for (const TensorLayout& t : layout_) {
+      out.push_back(NamedTensor{prefix + t.name, t.shape, buffer.data() + t.offset});
+    }
+    return out;
+  }
+  // Pointer to tensor `index` of block `layer` inside `buffer`.
+  float* block(const AlignedFloats& buffer, int layer, BlockTensor index) const {
+    return buffer.data() + layout_[2 + static_cast<size_t>(layer) * kBlockTensors + index].offset;
+  }
+  float* tensor(const AlignedFloats& buffer, size_t index) const {
+    return buffer.data() + layout_[index].offset;
+  }
+  void check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const;
+  void forward(const int32_t* inputs, int B, int T);
+  void backward(const int32_t* inputs, int B, int T);
+  float mean_loss(int N) const;
+
+  GPT2Config config_;
+  int max_B_, max_T_;
+  std::vector<TensorLayout> layout_;  // wte, wpe, blocks..., ln_f.weight, ln_f.bias
+  size_t num_params_ = 0;
+  size_t wte_ = 0, wpe_ = 1, lnf_w_ = 0, lnf_b_ = 0;  // indices into layout_
+  AlignedFloats params_, grads_, m_, v_;
+  int64_t step_ = 0;
+
+  AlignedFloats activation_memory_;
+  float* encoded_ = nullptr;  // (B, T, C)
+  std::vector<BlockActivations> blocks_;
+  float* proj_ = nullptr;      // (B, T, C) scratch: projection outputs
+  float* lnf_ = nullptr;       // (B, T, C)
+  float* lnf_mean_ = nullptr;  // (B, T)
+  float* lnf_rstd_ = nullptr;  // (B, T)
+  float* logits_ = nullptr;    // (B, T, V); dlogits in place after backward
+  float* losses_ = nullptr;    // (B, T)
+  // Backward scratch, reused by every block.
+  float* dresidual_ = nullptr;  // (B, T, C)
+  float* dln_ = nullptr;        // (B, T, C)
+  float* datty_ = nullptr;      // (B, T, C)
+  float* dqkv_ = nullptr;       // (B, T, 3C)
+  float* datt_ = nullptr;       // (B, NH, T, T)
+  float* dfch_ = nullptr;       // (B, T, 4C)
+  float* dfch_gelu_ = nullptr;  // (B, T, 4C)
+};
+
+CpuGPT2::CpuGPT2(const GPT2Config& config, int max_batch_size, int max_seq_len)
+    : config_(config), max_B_(max_batch_size), max_T_(max_seq_len) {
+  config_.validate();
+  if (max_B_ < 1) {
+    throw InvalidArgument("max_batch_size = " + std::to_string(max_B_) + " must be >= 1");
+  }
+  if (max_T_ < 1 || max_T_ > config_.context_length) {
+    throw InvalidArgument("max_seq_len = " + std::to_string(max_T_) + " must be in [1, " +
+                          std::to_string(config_.context_length) + "] (the context_length)");
+  }
+  const int64_t V = config_.vocab_size, C = config_.n_embd, maxT = config_.context_length;
+  using Init = TensorLayout::Init;
+  auto add = [&](std::string name, std::vector<int64_t> shape, Init init) {
+    TensorLayout t{std::move(name), std::move(shape), num_params_, 1, init};
+    for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+    num_params_ += t.numel;
+    layout_.push_back(std::move(t));
+  };
+  add("transformer.wte.weight", {V, C}, Init::kNormal);
+  add("transformer.wpe.weight", {maxT, C}, Init::kNormal);
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    const std::array<std::pair<std::vector<int64_t>, Init>, kBlockTensors> specs = {{
+        {{C}, Init::kOne},
+        {{C}, Init::kZero},
+        {{C, 3 * C}, Init::kNormal},
+        {{3 * C}, Init::kZero},
+        {{C, C}, Init::kResidualNormal},
+        {{C}, Init::kZero},
+        {{C}, Init::kOne},
+        {{C}, Init::kZero},
+        {{C, 4 * C}, Init::kNormal},
+        {{4 * C}, Init::kZero},
+        {{4 * C, C}, Init::kResidualNormal},
+        {{C}, Init::kZero},
+    }};
+    for (int i = 0; i < kBlockTensors; ++i)
+      add(p + kBlockTensorNames[i], specs[i].first, specs[i].second);
+  }
+  lnf_w_ = layout_.size();
+  add("transformer.ln_f.weight", {C}, Init::kOne);
+  lnf_b_ = layout_.size();
+  add("transformer.ln_f.bias", {C}, Init::kZero);
+  if (static_cast<int64_t>(num_params_) != config_.num_parameters()) {
+    throw Internal("CPU GPT-2 layout has " + std::to_string(num_params_) +
+                   " parameters but the config computes " +
+                   std::to_string(config_.num_parameters()));
+  }
+  params_ = AlignedFloats(num_params_);
+  grads_ = AlignedFloats(num_params_);
+  m_ = AlignedFloats(num_params_);
+  v_ = AlignedFloats(num_params_);
+
+  // Activations, sized for (max_B, max_T).
+  const size_t BT = static_cast<size_t>(max_B_) * max_T_;
+  const size_t BTC = BT * static_cast<size_t>(C);
+  const size_t att = static_cast<size_t>(max_B_) * config_.n_head * max_T_ * max_T_;
+  const size_t per_block = BTC * 16 + BT * 4 + att;
+  const size_t total = BTC                                               // encoded
+                       + per_block * config_.n_layer + BTC * 2 + BT * 3  // proj, lnf, stats, losses
+                       + BT * static_cast<size_t>(V)                     // logits
+                       + BTC * 3 + BTC * 3 + att + BTC * 8;              // backward scratch
+  activation_memory_ = AlignedFloats(total);
+  float* cursor = activation_memory_.data();
+  auto take = [&](size_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  encoded_ = take(BTC);
+  blocks_.resize(config_.n_layer);
+  for (BlockActivations& a : blocks_) {
+    a.ln1 = take(BTC);
+    a.ln1_mean = take(BT);
+    a.ln1_rstd = take(BT);
+    a.qkv = take(3 * BTC);
+    a.atty = take(BTC);
+    a.att = take(att);
+    a.residual2 = take(BTC);
+    a.ln2 = take(BTC);
+    a.ln2_mean = take(BT);
+    a.ln2_rstd = take(BT);
+    a.fch = take(4 * BTC);
+    a.fch_gelu = take(4 * BTC);
+    a.residual3 = take(BTC);
+  }
+  proj_ = take(BTC);
+  lnf_ = take(BTC);
+  lnf_mean_ = take(BT);
+  lnf_rstd_ = take(BT);
+  losses_ = take(BT);
+  logits_ = take(BT * static_cast<size_t>(V));
+  dresidual_ = take(BTC);
+  dln_ = take(BTC);
+  datty_ = take(BTC);
+  dqkv_ = take(3 * BTC);
+  datt_ = take(att);
+  dfch_ = take(4 * BTC);
+  dfch_gelu_ = take(4 * BTC);
+  if (cursor > activation_memory_.data() + activation_memory_.size()) {
+    throw Internal("CPU GPT-2 activation buffer overflow");
+  }
+  init_weights(0);
+}
+
+void CpuGPT2::init_weights(uint64_t seed) {
+  NormalGenerator normal(seed);
+  const float std_dev = 0.02f;
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  for (const TensorLayout& t : layout_) {
+    float* p = params_.data() + t.offset;
+    switch (t.init) {
+      case TensorLayout::Init::kNormal:
+        for (size_t i = 0; i < t.numel; ++i) p[i] = std_dev * normal.next();
+        break;
+      case TensorLayout::Init::kResidualNormal:
+        for (size_t i = 0; i < t.numel; ++i) p[i] = residual_std * normal.next();
+        break;
+      case TensorLayout::Init::kZero:
+        std::fill(p, p + t.numel, 0.0f);
+        break;
+      case TensorLayout::Init::kOne:
+        std::fill(p, p + t.numel, 1.0f);
+        break;
+    }
+  }
+  grads_.zero();
+  m_.zero();
+  v_.zero();
+  step_ = 0;
+}
+
+void CpuGPT2::check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const {
+  if (B < 1 || B > max_B_) {
+    throw InvalidArgument("batch size B = " + std::to_string(B) + " is outside [1, " +
+                          std::to_string(max_B_) + "] (the model's max_batch_size)");
+  }
+  if (T < 1 || T > max_T_) {
+    throw InvalidArgument("sequence length T = " + std::to_string(T) + " is outside [1, " +
+                          std::to_string(max_T_) + "] (the model's max_seq_len)");
+  }
+  const int V = config_.vocab_size;
+  for (const auto& [tokens, what] : {std::pair{inputs, "input"}, std::pair{targets, "target"}}) {
+    for (int i = 0; i < B * T; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= V) {
+        throw InvalidArgument(std::string(what) + " token id " + std::to_string(tokens[i]) +
+                              " at (b=" + std::to_string(i / T) + ", t=" + std::to_string(i % T) +
+                              ") is outside [0, " + std::to_string(V) +
+                              "): the data's vocabulary does not match the model's vocab_size");
+      }
+    }
+  }
+}
+
+void CpuGPT2::forward(const int32_t* inputs, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int N = B * T;
+  const size_t NC = static_cast<size_t>(N) * C;
+  k::encoder_forward(encoded_, inputs, tensor(params_, wte_), tensor(params_, wpe_), B, T, C);
+  for (int l = 0; l < config_.n_layer; ++l) {
+    BlockActivations& a = blocks_[l];
+    const float* residual = l == 0 ? encoded_ : blocks_[l - 1].residual3;
+    k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, block(params_, l, kLn1W),
+                         block(params_, l, kLn1B), N, C);
+    k::matmul_forward(a.qkv, a.ln1, block(params_, l, kQkvW), block(params_, l, kQkvB), N, C,
+                      3 * C);
+    k::attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+    k::matmul_forward(proj_, a.atty, block(params_, l, kAttProjW), block(params_, l, kAttProjB), N,
+                      C, C);
+    k::residual_forward(a.residual2, residual, proj_, NC);
+    k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, block(params_, l, kLn2W),
+                         block(params_, l, kLn2B), N, C);
+    k::matmul_forward(a.fch, a.ln2, block(params_, l, kFcW), block(params_, l, kFcB), N, C, 4 * C);
+    k::gelu_forward(a.fch_gelu, a.fch, NC * 4);
+    k::matmul_forward(proj_, a.fch_gelu, block(params_, l, kFcProjW), block(params_, l, kFcProjB),
+                      N, 4 * C, C);
+    k::residual_forward(a.residual3, a.residual2, proj_, NC);
+  }
+  k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, blocks_.back().residual3,
+                       tensor(params_, lnf_w_), tensor(params_, lnf_b_), N, C);
+  k::matmul_nt_forward(logits_, lnf_, tensor(params_, wte_), N, C, V);
+}
+
+void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int N = B * T;
+  const size_t NC = static_cast<size_t>(N) * C;
+  auto zero = [](float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); };
+
+  // Classifier (tied to wte) and final layernorm. logits_ holds dlogits here.
+  zero(dln_, NC);
+  k::matmul_nt_backward(dln_, tensor(grads_, wte_), logits_, lnf_, tensor(params_, wte_), N, C, V);
+  zero(dresidual_, NC);
+  k::layernorm_backward(dresidual_, tensor(grads_, lnf_w_), tensor(grads_, lnf_b_), dln_,
+                        blocks_.back().residual3, tensor(params_, lnf_w_), lnf_mean_, lnf_rstd_, N,
+                        C);
+  // Blocks in reverse. dresidual_ holds d(block output) on entry and d(block input) on exit:
+  // each residual add passes the gradient through, and each layernorm backward accumulates into it.
+  for (int l = config_.n_layer - 1; l >= 0; --l) {
+    const BlockActivations& a = blocks_[l];
+    const float* residual = l == 0 ? encoded_ : blocks_[l - 1].residual3;
+    zero(dfch_gelu_, NC * 4);
+    k::matmul_backward(dfch_gelu_, block(grads_, l, kFcProjW), block(grads_, l, kFcProjB),
+                       dresidual_, a.fch_gelu, block(params_, l, kFcProjW), N, 4 * C, C);
+    zero(dfch_, NC * 4);
+    k::gelu_backward(dfch_, a.fch, dfch_gelu_, NC * 4);
+    zero(dln_, NC);
+    k::matmul_backward(dln_, block(grads_, l, kFcW), block(grads_, l, kFcB), dfch_, a.ln2,
+                       block(params_, l, kFcW), N, C, 4 * C);
+    k::layernorm_backward(dresidual_, block(grads_, l, kLn2W), block(grads_, l, kLn2B), dln_,
+                          a.residual2, block(params_, l, kLn2W), a.ln2_mean, a.ln2_rstd, N, C);
+    zero(datty_, NC);
+    k::matmul_backward(datty_, block(grads_, l, kAttProjW), block(grads_, l, kAttProjB), dresidual_,
+                       a.atty, block(params_, l, kAttProjW), N, C, C);
+    zero(dqkv_, NC * 3);
+    k::attention_backward(dqkv_, datt_, datty_, a.qkv, a.att, B, T, C, NH);
+    zero(dln_, NC);
+    k::matmul_backward(dln_, block(grads_, l, kQkvW), block(grads_, l, kQkvB), dqkv_, a.ln1,
+                       block(params_, l, kQkvW), N, C, 3 * C);
+    k::layernorm_backward(dresidual_, block(grads_, l, kLn1W), block(grads_, l, kLn1B), dln_,
+                          residual, block(params_, l, kLn1W), a.ln1_mean, a.ln1_rstd, N, C);
+  }
+  k::encoder_backward(tensor(grads_, wte_), tensor(grads_, wpe_), dresidual_, inputs, B, T, C);
+}
+
+float CpuGPT2::mean_loss(int N) const {
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += losses_[i];
+  return static_cast<float>(sum / N);
+}
+
+float CpuGPT2::forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                float loss_scale) {
+  check_inputs(inputs, targets, B, T);
+  const int N = B * T;
+  forward(inputs, B, T);
+  k::crossentropy_forward_backward(losses_, logits_, targets, loss_scale / static_cast<float>(N), N,
+                                   config_.vocab_size);
+  backward(inputs, B, T);
+  return mean_loss(N);
+}
+
+float CpuGPT2::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  check_inputs(inputs, targets, B, T);
+  const int N = B * T;
+  forward(inputs, B, T);
+  k::crossentropy_forward(losses_, logits_, targets, N, config_.vocab_size);
+  return mean_loss(N);
+}
+
+float CpuGPT2::gradient_norm() {
+  return static_cast<float>(std::sqrt(k::sum_of_squares(grads_.data(), num_params_)));
+}
+
+void CpuGPT2::optimizer_step(const AdamWOptions& options, float lr, float grad_scale) {
+  ++step_;
+  k::AdamWHyper hyper;
+  hyper.lr = lr;
+  hyper.beta1 = options.beta1;
+  hyper.beta2 = options.beta2;
+  hyper.eps = options.eps;
+  hyper.grad_scale = grad_scale;
+  hyper.t = step_;
+  for (const TensorLayout& t : layout_) {
+    hyper.weight_decay = t.shape.size() == 2 ? options.weight_decay : 0.0f;
+    k::adamw_update(params_.data() + t.offset, grads_.data() + t.offset, m_.data() + t.offset,
+                    v_.data() + t.offset, t.numel, hyper);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<LanguageModel> make_cpu_gpt2(const GPT2Config& config, int max_batch_size,
+                                             int max_seq_len) {
+  return std::make_unique<CpuGPT2>(config, max_batch_size, max_seq_len);
+}
+
+}  // namespace longhaul::model
