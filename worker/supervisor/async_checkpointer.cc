@@ -59,6 +59,17 @@ bool AsyncCheckpointer::request(const std::function<void(Snapshot&)>& fill, Mode
   return true;
 }
 
+void AsyncCheckpointer::preallocate(const std::vector<TensorSpec>& specs) {
+  int slot = -1;
+  {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) return;
+    slot = free_.back();
+  }
+  // Free slots are touched only by the training thread, which is this one.
+  slots_[slot].snapshot.reshape(specs);
+}
+
 void AsyncCheckpointer::run() {
   while (true) {
     int slot = -1;

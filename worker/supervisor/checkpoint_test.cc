@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 
 #include <gmock/gmock.h>
@@ -331,6 +332,32 @@ TEST(AsyncCheckpointer, NeverWritesTwoCheckpointsAtOnce) {
   EXPECT_GT(stats->wall_time, 1.6e9);
   ckpt.stop();
   EXPECT_FALSE(coord.should_stop());
+}
+
+TEST(AsyncCheckpointer, PreallocatedSlotIsFilledWithoutReallocation) {
+  TempDir dir;
+  CheckpointManager m({dir.path()});
+  AsyncCheckpointer ckpt(m, nullptr);
+  ckpt.preallocate(testing::toy_specs(3));
+  const std::byte* seen = nullptr;
+  size_t seen_size = 0;
+  ASSERT_TRUE(ckpt.request(
+      [&](Snapshot& s) {
+        ASSERT_EQ(s.buffers.size(), 3u) << "the slot was not preallocated";
+        seen = s.buffers[0].data();
+        seen_size = s.buffers[0].size();
+        s.reshape(testing::toy_specs(3));
+        EXPECT_EQ(s.buffers[0].data(), seen);
+        Snapshot filled = snapshot_at(1);
+        for (size_t i = 0; i < 3; ++i) {
+          std::memcpy(s.buffers[i].data(), filled.buffers[i].data(), s.buffers[i].size());
+        }
+        s.step = 1;
+      },
+      AsyncCheckpointer::Mode::kQueue));
+  ckpt.stop();
+  EXPECT_EQ(seen_size, 4u * 3 * 4);
+  EXPECT_EQ(steps_on_disk(dir.path()), std::vector<int64_t>{1});
 }
 
 TEST(AsyncCheckpointer, StopFinishesTheQueuedWrites) {

@@ -1,12 +1,16 @@
 // SignalHandler: SIGTERM/SIGINT -> final checkpoint + clean stop. The signal handler itself only
 // writes the signal number to a self-pipe (write(2) is async-signal-safe); the watcher thread
 // reads it and talks to the Supervisor.
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
@@ -29,8 +33,11 @@ extern "C" void longhaul_on_signal(int signo) {
 
 }  // namespace
 
-SignalHandler::SignalHandler(Supervisor& supervisor, std::vector<int> signals)
-    : supervisor_(supervisor), signals_(std::move(signals)) {
+SignalHandler::SignalHandler(Supervisor& supervisor, std::vector<int> signals,
+                             double exit_deadline_secs)
+    : supervisor_(supervisor),
+      signals_(std::move(signals)),
+      exit_deadline_secs_(exit_deadline_secs) {
   if (g_installed.exchange(true)) {
     throw FailedPrecondition("only one SignalHandler may exist at a time in a process");
   }
@@ -63,7 +70,26 @@ SignalHandler::~SignalHandler() {
 }
 
 void SignalHandler::watch() {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> deadline;
   while (true) {
+    int timeout_ms = -1;
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+      timeout_ms = static_cast<int>(std::max<int64_t>(0, left.count()));
+    }
+    struct pollfd pfd {
+      g_pipe[0], POLLIN, 0
+    };
+    int rc = ::poll(&pfd, 1, timeout_ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      LH_LOG(ERROR) << "still running " << exit_deadline_secs_
+                    << " s after the stop signal: exiting without waiting for the final "
+                       "checkpoint; a restart resumes from the last committed one"
+                    << kv("exit_code", kAbortedExitCode);
+      std::_Exit(kAbortedExitCode);
+    }
     unsigned char b = 0;
     ssize_t n = ::read(g_pipe[0], &b, 1);
     if (n < 0 && errno == EINTR) continue;
@@ -77,6 +103,10 @@ void SignalHandler::watch() {
     }
     LH_LOG(WARNING) << "signal received: taking a final checkpoint and stopping"
                     << kv("signal", strsignal(signo));
+    if (exit_deadline_secs_ > 0) {
+      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(exit_deadline_secs_));
+    }
     supervisor_.request_checkpoint();
     supervisor_.request_stop(
         std::make_exception_ptr(Cancelled(std::string("stopped by ") + strsignal(signo))));

@@ -65,6 +65,14 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
 }
 
 Supervisor::~Supervisor() {
+  // Threads that outlived a stop grace period may still touch the members below: wait for them
+  // before anything is destroyed.
+  coord_.request_stop();
+  try {
+    coord_.join(std::chrono::hours(24 * 365));
+  } catch (...) {
+    // Already reported by managed_session.
+  }
   if (checkpointer_) checkpointer_->stop();
   std::lock_guard lock(events_mu_);
   events_.reset();
@@ -171,6 +179,9 @@ void Supervisor::start_services(TrainingState& state) {
           events_->add_session_log(tensorboard::SessionLog::CHECKPOINT, st.step, st.file.string());
         }
       });
+  if (options_.save_model_secs > 0 || options_.checkpoint_on_stop) {
+    checkpointer_->preallocate(state.tensor_specs());
+  }
   if (options_.save_model_secs > 0) {
     Looper::start(coord_, "checkpoint_service", seconds(options_.save_model_secs),
                   [this] { checkpoint_due_.fetch_or(kPeriodic, std::memory_order_relaxed); });

@@ -423,6 +423,21 @@ TEST(Supervisor, SigtermTakesAFinalCheckpointAndStopsCleanly) {
               ::testing::Contains(std::pair<int, int64_t>{SL::STOP, state.global_step()}));
 }
 
+TEST(SupervisorDeathTest, ExitDeadlineEndsAProcessThatDoesNotStopInTime) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  EXPECT_EXIT(
+      {
+        Supervisor sv(quiet_options(dir.path()));
+        SignalHandler signals(sv, {SIGUSR1}, 0.05);
+        std::raise(SIGUSR1);
+        // A training loop that never checks should_stop(): only the deadline ends it.
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kAbortedExitCode), "still running");
+}
+
 TEST(Supervisor, RejectsBadOptions) {
   TempDir dir;
   auto opts = quiet_options(dir.path());

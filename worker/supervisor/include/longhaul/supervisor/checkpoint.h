@@ -150,6 +150,11 @@ class AsyncCheckpointer {
   // its write. Returns false when skipped (kSkipIfBusy and busy) or stopped.
   bool request(const std::function<void(Snapshot&)>& fill, Mode mode);
 
+  // Allocates the buffers of the slot the next request() will fill, so that the first
+  // checkpoint's stall is a copy and not an allocation (the supervisor calls it at session
+  // start). Training thread only, like request().
+  void preallocate(const std::vector<TensorSpec>& specs);
+
   // Blocks until no write is in flight or queued.
   void wait_idle();
   bool idle() const;

@@ -46,9 +46,14 @@
 // checkpoint or initialize() (the distributed layer then broadcasts the chief's weights), run
 // local_init_fn and the readiness check, and run body. Non-chiefs write no checkpoint or event.
 //
-// Thread-safety: managed_session, step_boundary, summary_computed/add_scalar/add_histogram from
-// the training thread. should_stop, request_stop, request_checkpoint, loop and the accessors may
-// be called from any thread. summary_fn runs on the summary service thread.
+// Thread-safety: managed_session and step_boundary belong to the training thread (the snapshot
+// is taken there). should_stop, request_stop, request_checkpoint, loop, summary_computed,
+// add_scalar, add_histogram and the accessors may be called from any thread (summaries are
+// serialised under a lock). summary_fn runs on the summary service thread.
+//
+// Stop timing: services get stop_grace_secs to end once a stop is requested; the final
+// checkpoint write is then waited for (it is what a SIGTERM is for). To bound the whole exit,
+// give SignalHandler an exit_deadline_secs.
 #pragma once
 
 #include <atomic>
@@ -182,11 +187,19 @@ class Supervisor {
 
 // Turns SIGTERM / SIGINT into supervisor.request_checkpoint() + request_stop(Cancelled): a final
 // checkpoint and a clean exit. The handler only writes the signal number to a self-pipe
-// (async-signal-safe); a watcher thread does the rest. One SignalHandler at a time per process;
-// the destructor restores the previous handlers and joins the watcher.
+// (async-signal-safe); a watcher thread does the rest. A second signal exits at once with
+// 128 + signo (no final checkpoint). With exit_deadline_secs > 0, a process still running that
+// long after the first signal exits with kAbortedExitCode (138, retryable): the state file still
+// names the last committed checkpoint, so a restart resumes from it. Set it a little below the
+// pod's terminationGracePeriodSeconds so the log says why instead of a silent SIGKILL.
+// One SignalHandler at a time per process; the destructor restores the previous handlers and
+// joins the watcher.
+inline constexpr int kAbortedExitCode = 138;
+
 class SignalHandler {
  public:
-  explicit SignalHandler(Supervisor& supervisor, std::vector<int> signals = {SIGTERM, SIGINT});
+  explicit SignalHandler(Supervisor& supervisor, std::vector<int> signals = {SIGTERM, SIGINT},
+                         double exit_deadline_secs = 0);
   ~SignalHandler();
   SignalHandler(const SignalHandler&) = delete;
   SignalHandler& operator=(const SignalHandler&) = delete;
@@ -199,6 +212,7 @@ class SignalHandler {
   Supervisor& supervisor_;
   std::vector<int> signals_;
   std::vector<struct sigaction> previous_;
+  double exit_deadline_secs_;
   std::atomic<int> received_{0};
   std::thread watcher_;
 };
