@@ -10,8 +10,9 @@
 #    reference, one training step against the CPU model, determinism) when they could be built;
 #    always: the benchmark's own loss is finite and starts near ln(V);
 # 3. trains GPT-2 124M at T=1024 (vocab padded to 50304 inside the backend) with the largest
-#    micro-batch that fits (or --batch), then PyTorch (torch.compile, bf16 autocast, fused AdamW,
-#    SDPA) at the same B (halved until it fits);
+#    micro-batch that fits (or --batch), with the flash attention kernels (the default) and again
+#    with the cuBLASLt attention path (its own largest B); then PyTorch (torch.compile, bf16 autocast,
+#    fused AdamW, SDPA) at the same B (halved until it fits);
 # 4. prints one table: tokens/s, ms/step, MFU (6N + 6LCT FLOPs per token over 989 TFLOP/s),
 #    peak device memory, the checkpoint snapshot stall, and the speed ratio.
 #
@@ -103,6 +104,14 @@ echo "== longhaul ($PRESET, T=$SEQ_LEN, batch $BATCH) =="
 LH=$(grep '^RESULT impl=longhaul' "$LOG")
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 B=$(field "$LH" B)
+echo "== longhaul with the cuBLASLt attention path (batch $BATCH: it keeps T x T probabilities) =="
+LOG_CUBLAS=$BUILD/gpu_bench_cublas.log
+if "$BENCH" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$BATCH" --steps "$STEPS" \
+     --peak-tflops "$PEAK" --attention cublas | tee "$LOG_CUBLAS"; then
+  LH_CUBLAS=$(grep '^RESULT impl=longhaul' "$LOG_CUBLAS" || true)
+else
+  LH_CUBLAS=""
+fi
 LOSS=$(field "$LH" loss)
 python3 - "$LOSS" <<'EOF'
 import math, sys
@@ -123,6 +132,12 @@ printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %13.1f ms\n' longhaul "$B" "$
   "$(field "$LH" tokens_per_s)" "$(field "$LH" ms_per_step)" \
   "$(python3 -c "print(100*$(field "$LH" mfu))")" "$(field "$LH" mem_gib)" \
   "$(field "$LH" snapshot_ms)"
+if [[ -n $LH_CUBLAS ]]; then
+  printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %16s\n' "lh-cublas" \
+    "$(field "$LH_CUBLAS" B)" "$SEQ_LEN" \
+    "$(field "$LH_CUBLAS" tokens_per_s)" "$(field "$LH_CUBLAS" ms_per_step)" \
+    "$(python3 -c "print(100*$(field "$LH_CUBLAS" mfu))")" "$(field "$LH_CUBLAS" mem_gib)" "-"
+fi
 if [[ -n $PT ]]; then
   printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %16s\n' pytorch "$(field "$PT" B)" "$SEQ_LEN" \
     "$(field "$PT" tokens_per_s)" "$(field "$PT" ms_per_step)" \

@@ -3,7 +3,7 @@
 // PyTorch baseline); usable alone:
 //
 //   longhaul_gpu_bench [--preset gpt2-124m] [--seq-len 1024] [--batch auto|N] [--steps 20]
-//                      [--warmup 3] [--peak-tflops 989]
+//                      [--warmup 3] [--peak-tflops 989] [--attention auto|flash|cublas]
 //
 // One step = zero_grad, forward_backward on one micro-batch (random tokens: the speed does not
 // depend on the data), gradient_norm, optimizer_step with global-norm clipping at 1.0: what the
@@ -42,12 +42,14 @@ struct Args {
   int steps = 20;
   int warmup = 3;
   double peak_tflops = 989.0;
+  backend::AttentionKernel attention = backend::AttentionKernel::kAuto;
 };
 
 [[noreturn]] void usage(const char* message) {
   std::fprintf(stderr,
                "error: %s\nusage: longhaul_gpu_bench [--preset NAME] [--seq-len T] "
-               "[--batch auto|N] [--steps N] [--warmup N] [--peak-tflops X]\n",
+               "[--batch auto|N] [--steps N] [--warmup N] [--peak-tflops X] "
+               "[--attention auto|flash|cublas]\n",
                message);
   std::exit(2);
 }
@@ -70,6 +72,16 @@ Args parse(int argc, char** argv) {
       a.warmup = std::atoi(value.c_str());
     } else if (key == "--peak-tflops") {
       a.peak_tflops = std::atof(value.c_str());
+    } else if (key == "--attention") {
+      if (value == "auto") {
+        a.attention = backend::AttentionKernel::kAuto;
+      } else if (value == "flash") {
+        a.attention = backend::AttentionKernel::kFlash;
+      } else if (value == "cublas") {
+        a.attention = backend::AttentionKernel::kCublas;
+      } else {
+        usage("--attention must be auto, flash or cublas");
+      }
     } else {
       usage(("unknown option " + key).c_str());
     }
@@ -90,6 +102,8 @@ int run(const Args& args) {
   }
   const longhaul::model::GPT2Config config = longhaul::model::GPT2Config::preset(args.preset);
   const int T = args.seq_len;
+  backend::CudaOptions options;
+  options.attention = args.attention;
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
     std::fprintf(stderr, "cudaMemGetInfo failed\n");
@@ -99,7 +113,7 @@ int run(const Args& args) {
   if (B == 0) {
     const double budget = 0.92 * static_cast<double>(free_bytes);
     for (int candidate = 1; candidate <= 1024; candidate *= 2) {
-      if (static_cast<double>(backend::cuda_gpt2_memory_bytes(config, candidate, T)) > budget)
+      if (static_cast<double>(backend::cuda_gpt2_memory_bytes(config, candidate, T, options)) > budget)
         break;
       B = candidate;
     }
@@ -110,10 +124,10 @@ int run(const Args& args) {
   }
   std::printf("config %s, B=%d T=%d, planned device bytes %.2f GiB of %.2f GiB free\n",
               config.to_string().c_str(), B, T,
-              backend::cuda_gpt2_memory_bytes(config, B, T) / 1073741824.0,
+              backend::cuda_gpt2_memory_bytes(config, B, T, options) / 1073741824.0,
               free_bytes / 1073741824.0);
 
-  const auto model = backend::make_cuda_gpt2(config, B, T);
+  const auto model = backend::make_cuda_gpt2(config, B, T, options);
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());

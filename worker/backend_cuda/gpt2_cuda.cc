@@ -140,8 +140,9 @@ struct BlockActivations {
   bf16* ln1 = nullptr;        // (N, C)
   float* ln1_mean = nullptr;  // (N)
   float* ln1_rstd = nullptr;  // (N)
-  bf16* qkvr = nullptr;       // (3, B, NH, T, HS)
-  bf16* att = nullptr;        // (B, NH, T, T)
+  bf16* qkvr = nullptr;       // flash: qkv (N, 3C); cuBLAS path: q, k, v by head (3, B, NH, T, HS)
+  bf16* att = nullptr;        // (B, NH, T, T), cuBLAS path only
+  float* lse = nullptr;       // (B, NH, T), flash only
   bf16* atty = nullptr;       // (N, C)
   bf16* residual2 = nullptr;  // (N, C)
   bf16* ln2 = nullptr;        // (N, C)
@@ -181,8 +182,9 @@ struct Buffers {
   // Backward scratch.
   bf16* dresidual = nullptr;  // (N, C)
   bf16* dfch = nullptr;       // (N, 4C)
-  bf16* dheads = nullptr;     // (4, N, C)
-  bf16* datt = nullptr;       // (B, NH, T, T)
+  bf16* dheads = nullptr;     // (4, N, C), cuBLAS attention only
+  bf16* datt = nullptr;       // (B, NH, T, T), cuBLAS attention only
+  float* dot = nullptr;       // (B, NH, T), flash attention only
   float* fscratch = nullptr;  // reductions
   float* scalars = nullptr;   // (2)
 };
@@ -191,14 +193,17 @@ size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multipl
 
 struct Shape {
   int V, Vp, C, NH, L, maxT;
-  int B, T;  // the maxima activations are sized for
+  int B, T;    // the maxima activations are sized for
+  bool flash;  // flash attention kernels (else cuBLASLt products + fused softmax)
 };
 
 // Lays out `buffers` from `carver` (measuring when the carver's base is null).
 void carve(Carver& carver, Buffers& b, const Shape& s, size_t num_params, size_t num_chunks,
            bool recompute_gelu) {
   const size_t N = static_cast<size_t>(s.B) * s.T, C = s.C;
-  const size_t NC = N * C, att = static_cast<size_t>(s.B) * s.NH * s.T * s.T;
+  const size_t NC = N * C;
+  const size_t att = s.flash ? 0 : static_cast<size_t>(s.B) * s.NH * s.T * s.T;
+  const size_t stats = s.flash ? N * static_cast<size_t>(s.NH) : 0;  // (B, NH, T)
   b.master = carver.take<float>(num_params);
   b.grads = carver.take<float>(num_params);
   b.m = carver.take<float>(num_params);
@@ -218,7 +223,8 @@ void carve(Carver& carver, Buffers& b, const Shape& s, size_t num_params, size_t
     a.ln1_mean = carver.take<float>(N);
     a.ln1_rstd = carver.take<float>(N);
     a.qkvr = carver.take<bf16>(3 * NC);
-    a.att = carver.take<bf16>(att);
+    a.att = att != 0 ? carver.take<bf16>(att) : nullptr;
+    a.lse = stats != 0 ? carver.take<float>(stats) : nullptr;
     a.atty = carver.take<bf16>(NC);
     a.residual2 = carver.take<bf16>(NC);
     a.ln2 = carver.take<bf16>(NC);
@@ -238,9 +244,13 @@ void carve(Carver& carver, Buffers& b, const Shape& s, size_t num_params, size_t
   b.losses = carver.take<float>(N);
   b.dresidual = carver.take<bf16>(NC);
   b.dfch = carver.take<bf16>(4 * NC);
-  b.dheads =
-      carver.take<bf16>(static_cast<size_t>(k::attention_backward_scratch_heads(s.B, s.T, s.C)));
-  b.datt = carver.take<bf16>(att);
+  if (s.flash) {
+    b.dot = carver.take<float>(stats);
+  } else {
+    b.dheads =
+        carver.take<bf16>(static_cast<size_t>(k::attention_backward_scratch_heads(s.B, s.T, s.C)));
+    b.datt = carver.take<bf16>(att);
+  }
   const long long fscratch =
       std::max({k::layernorm_backward_scratch_floats(s.C),
                 k::linear_backward_scratch_floats(4 * s.C), k::reduction_scratch_floats()});
@@ -303,7 +313,7 @@ std::vector<k::AdamWChunk> make_chunks(const std::vector<TensorLayout>& layout) 
   return chunks;
 }
 
-void validate_for_cuda(const GPT2Config& config, int max_B, int max_T) {
+void validate_for_cuda(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options) {
   config.validate();
   if (max_B < 1) {
     throw InvalidArgument("max_batch_size = " + std::to_string(max_B) + " must be >= 1");
@@ -320,9 +330,26 @@ void validate_for_cuda(const GPT2Config& config, int max_B, int max_T) {
         std::to_string(config.n_embd) + " n_head=" + std::to_string(config.n_head) +
         "; use device: cpu for this shape");
   }
+  if (options.attention == AttentionKernel::kFlash &&
+      !k::flash_attention_supported(config.n_embd, config.n_head)) {
+    throw InvalidArgument("the flash attention kernels need head size n_embd / n_head = 64, got " +
+                          std::to_string(HS) + "; use the cuBLAS attention path (kAuto picks it)");
+  }
 }
 
-Shape make_shape(const GPT2Config& config, int max_B, int max_T) {
+bool use_flash(const GPT2Config& config, const CudaOptions& options) {
+  switch (options.attention) {
+    case AttentionKernel::kFlash:
+      return true;
+    case AttentionKernel::kCublas:
+      return false;
+    case AttentionKernel::kAuto:
+      break;
+  }
+  return k::flash_attention_supported(config.n_embd, config.n_head);
+}
+
+Shape make_shape(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options) {
   Shape s;
   s.V = config.vocab_size;
   s.Vp = static_cast<int>(round_up(static_cast<size_t>(s.V), kVocabPadding));
@@ -332,6 +359,7 @@ Shape make_shape(const GPT2Config& config, int max_B, int max_T) {
   s.maxT = config.context_length;
   s.B = max_B;
   s.T = max_T;
+  s.flash = use_flash(config, options);
   return s;
 }
 
@@ -443,7 +471,7 @@ class GPT2Cuda final : public CudaModel {
 };
 
 GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options)
-    : config_(config), shape_(make_shape(config, max_B, max_T)), options_(options) {
+    : config_(config), shape_(make_shape(config, max_B, max_T, options)), options_(options) {
   layout_ = make_layout(config_, shape_.Vp, &num_params_);
   if (static_cast<int64_t>(num_params_) != config_.num_parameters()) {
     throw Internal("CUDA GPT-2 layout has " + std::to_string(num_params_) +
@@ -629,8 +657,16 @@ void GPT2Cuda::forward(int B, int T) {
   for (int l = 0; l < L; ++l) {
     BlockActivations& a = buf_.blocks[l];
     const bf16* residual = l == 0 ? buf_.encoded : buf_.blocks[l - 1].residual3;
-    k::linear_forward(mm, buf_.qkv, a.ln1, param(l, kQkvW), param(l, kQkvB), N, C, 3 * C, stream_);
-    k::attention_forward(mm, a.atty, a.qkvr, a.att, buf_.heads_out, buf_.qkv, B, T, C, NH, stream_);
+    if (shape_.flash) {
+      // The projection output is what the flash backward re-reads: keep it per layer.
+      k::linear_forward(mm, a.qkvr, a.ln1, param(l, kQkvW), param(l, kQkvB), N, C, 3 * C, stream_);
+      k::flash_attention_forward(a.atty, a.lse, a.qkvr, B, T, C, NH, stream_);
+    } else {
+      k::linear_forward(mm, buf_.qkv, a.ln1, param(l, kQkvW), param(l, kQkvB), N, C, 3 * C,
+                        stream_);
+      k::attention_forward(mm, a.atty, a.qkvr, a.att, buf_.heads_out, buf_.qkv, B, T, C, NH,
+                           stream_);
+    }
     k::linear_forward(mm, buf_.proj, a.atty, param(l, kAttProjW), param(l, kAttProjB), N, C, C,
                       stream_);
     k::residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, buf_.proj,
@@ -688,8 +724,13 @@ void GPT2Cuda::backward(int B, int T) {
                           a.residual2, param(l, kLn2W), a.ln2_mean, a.ln2_rstd, N, C, stream_);
     k::linear_backward(mm, datty, grad(l, kAttProjW), grad(l, kAttProjB), buf_.fscratch,
                        buf_.dresidual, a.atty, param(l, kAttProjW), N, C, C, stream_);
-    k::attention_backward(mm, dqkv, buf_.dheads, buf_.datt, datty, a.qkvr, a.att, B, T, C, NH,
-                          stream_);
+    if (shape_.flash) {
+      k::flash_attention_backward(dqkv, buf_.dot, datty, a.atty, a.qkvr, a.lse, B, T, C, NH,
+                                  stream_);
+    } else {
+      k::attention_backward(mm, dqkv, buf_.dheads, buf_.datt, datty, a.qkvr, a.att, B, T, C, NH,
+                            stream_);
+    }
     k::linear_backward(mm, dln, grad(l, kQkvW), grad(l, kQkvB), buf_.fscratch, dqkv, a.ln1,
                        param(l, kQkvW), N, C, 3 * C, stream_);
     k::layernorm_backward(buf_.dresidual, grad(l, kLn1W), grad(l, kLn1B), buf_.fscratch, dln,
@@ -876,7 +917,7 @@ bool cuda_available(std::string* why) { return k::kernels_runnable(why); }
 
 std::unique_ptr<CudaModel> make_cuda_gpt2(const GPT2Config& config, int max_batch_size,
                                           int max_seq_len, const CudaOptions& options) {
-  validate_for_cuda(config, max_batch_size, max_seq_len);
+  validate_for_cuda(config, max_batch_size, max_seq_len, options);
   std::string why;
   if (!cuda_available(&why)) {
     throw Unavailable("cannot create the CUDA model: " + why +
@@ -887,8 +928,8 @@ std::unique_ptr<CudaModel> make_cuda_gpt2(const GPT2Config& config, int max_batc
 
 int64_t cuda_gpt2_memory_bytes(const GPT2Config& config, int max_batch_size, int max_seq_len,
                                const CudaOptions& options) {
-  validate_for_cuda(config, max_batch_size, max_seq_len);
-  const Shape shape = make_shape(config, max_batch_size, max_seq_len);
+  validate_for_cuda(config, max_batch_size, max_seq_len, options);
+  const Shape shape = make_shape(config, max_batch_size, max_seq_len, options);
   size_t num_params = 0;
   const std::vector<TensorLayout> layout = make_layout(config, shape.Vp, &num_params);
   Buffers buffers;

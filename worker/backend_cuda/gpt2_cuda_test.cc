@@ -30,18 +30,29 @@ namespace {
     }                                                                      \
   } while (0)
 
-// Small but exercising every path: vocab padded 300 -> 384, two layers, head size 16.
+// Small but exercising every path: vocab padded 300 -> 384, two layers, head size 64 (so both
+// attention kernels apply), T = 96 (not a multiple of the flash kernels' 64-row tiles).
 model::GPT2Config test_config() {
   model::GPT2Config c;
   c.vocab_size = 300;
-  c.context_length = 64;
+  c.context_length = 128;
   c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 64;
+  c.n_head = 2;
+  c.n_embd = 128;
   return c;
 }
 
-constexpr int kB = 4, kT = 32;
+constexpr int kB = 2, kT = 96;
+
+CudaOptions options_for(AttentionKernel attention) {
+  CudaOptions options;
+  options.attention = attention;
+  return options;
+}
+
+std::string attention_name(const ::testing::TestParamInfo<AttentionKernel>& info) {
+  return info.param == AttentionKernel::kFlash ? "Flash" : "Cublas";
+}
 
 struct Batch {
   std::vector<int32_t> inputs, targets;
@@ -106,12 +117,15 @@ TEST(CudaGpt2Test, InitialisesLikeTheCpuModelWithHuggingFaceNames) {
   EXPECT_EQ(0, std::memcmp(gpu_params.data(), cpu_params.data(), cpu_params.size_bytes()));
 }
 
-TEST(CudaGpt2Test, TrainingStepMatchesCpuModel) {
+// The step and determinism checks run with each attention implementation.
+class CudaGpt2AttentionTest : public ::testing::TestWithParam<AttentionKernel> {};
+
+TEST_P(CudaGpt2AttentionTest, TrainingStepMatchesCpuModel) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(std::random_device{}());
   const model::GPT2Config config = test_config();
   const auto cpu = model::make_cpu_gpt2(config, kB, kT);
-  const auto gpu = make_cuda_gpt2(config, kB, kT);
+  const auto gpu = make_cuda_gpt2(config, kB, kT, options_for(GetParam()));
   cpu->init_weights(7);
   gpu->init_weights(7);
   const Batch batch = random_batch(rng, config.vocab_size);
@@ -152,14 +166,14 @@ TEST(CudaGpt2Test, TrainingStepMatchesCpuModel) {
   EXPECT_LT(gpu_next, gpu_loss) << "one AdamW step on the batch did not lower its loss";
 }
 
-TEST(CudaGpt2Test, TwoRunsGiveIdenticalLosses) {
+TEST_P(CudaGpt2AttentionTest, TwoRunsGiveIdenticalLosses) {
   SKIP_WITHOUT_GPU();
   const model::GPT2Config config = test_config();
   std::vector<std::vector<float>> losses(2);
   std::vector<std::vector<float>> params(2);
   for (int run = 0; run < 2; ++run) {
     std::mt19937 rng(123);
-    const auto gpu = make_cuda_gpt2(config, kB, kT);
+    const auto gpu = make_cuda_gpt2(config, kB, kT, options_for(GetParam()));
     gpu->init_weights(3);
     for (int step = 0; step < 4; ++step) {
       gpu->zero_grad();
@@ -177,6 +191,10 @@ TEST(CudaGpt2Test, TwoRunsGiveIdenticalLosses) {
   EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)))
       << "the master weights differ after identical runs";
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, CudaGpt2AttentionTest,
+                         ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kCublas),
+                         attention_name);
 
 TEST(CudaGpt2Test, SnapshotIsTheStateAtTheStepBoundary) {
   SKIP_WITHOUT_GPU();
@@ -240,6 +258,11 @@ TEST(CudaGpt2Test, UploadRestoresStateAndWorkingCopy) {
 
 TEST(CudaGpt2Test, RejectsBadInputs) {
   SKIP_WITHOUT_GPU();
+  model::GPT2Config four_heads = test_config();
+  four_heads.n_head = 4;  // head size 32: no flash kernel for it
+  EXPECT_THROW(make_cuda_gpt2(four_heads, kB, kT, options_for(AttentionKernel::kFlash)),
+               InvalidArgument);
+  EXPECT_NO_THROW(make_cuda_gpt2(four_heads, kB, kT));  // kAuto falls back to the cuBLAS path
   const auto gpu = make_cuda_gpt2(test_config(), kB, kT);
   std::vector<int32_t> tokens(kB * kT, 1);
   tokens[5] = test_config().vocab_size;  // out of range

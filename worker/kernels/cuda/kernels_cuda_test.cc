@@ -386,6 +386,45 @@ TEST(AttentionTest, ForwardAndBackwardMatchCpu) {
   EXPECT_CLOSE(d_dqkv.download(), dqkv, kBf16Tolerance);
 }
 
+TEST(FlashAttentionTest, ForwardAndBackwardMatchCpuAndAreDeterministic) {
+  SKIP_WITHOUT_GPU();
+  Random rng;
+  const int B = 2, T = 100, C = 128, NH = 2;  // head size 64; T not a multiple of the 64 tile
+  ASSERT_TRUE(flash_attention_supported(C, NH));
+  EXPECT_FALSE(flash_attention_supported(C, 4));
+  const std::vector<float> qkv = rounded(rng.floats(B * T * 3 * C));
+  std::vector<float> out(B * T * C), att(static_cast<size_t>(B) * NH * T * T);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  const std::vector<float> dout = rounded(rng.floats(B * T * C));
+  std::vector<float> dqkv(B * T * 3 * C, 0.0f), datt(att.size());
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                          NH);
+
+  DeviceArray<bf16> d_qkv(to_bf16(qkv)), d_out(B * T * C);
+  DeviceArray<float> lse(static_cast<size_t>(B) * NH * T), dot(static_cast<size_t>(B) * NH * T);
+  d_out.poison();
+  lse.poison();
+  flash_attention_forward(d_out.get(), lse.get(), d_qkv.get(), B, T, C, NH, nullptr);
+  EXPECT_CLOSE(d_out.download(), out, kBf16Tolerance);
+  for (float x : lse.download()) ASSERT_TRUE(std::isfinite(x)) << "unwritten log-sum-exp";
+
+  DeviceArray<bf16> d_dout(to_bf16(dout)), d_dqkv(dqkv.size());
+  std::vector<bf16> first;
+  for (int run = 0; run < 2; ++run) {
+    d_dqkv.poison();
+    flash_attention_backward(d_dqkv.get(), dot.get(), d_dout.get(), d_out.get(), d_qkv.get(),
+                             lse.get(), B, T, C, NH, nullptr);
+    const std::vector<bf16> got = d_dqkv.download();
+    EXPECT_CLOSE(got, dqkv, kBf16Tolerance);
+    if (run == 0) {
+      first = got;
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(bf16)))
+          << "two identical backward passes differ";
+    }
+  }
+}
+
 TEST(GeluTest, ForwardAndBackwardMatchCpu) {
   SKIP_WITHOUT_GPU();
   Random rng;

@@ -68,15 +68,23 @@ class CudaModel : public model::LanguageModel {
   virtual void wait_snapshot() = 0;
 };
 
+enum class AttentionKernel {
+  kAuto,    // kFlash when the head size is 64 (every GPT-2 size), else kCublas
+  kFlash,   // fused flash-style kernels (head size 64 only)
+  kCublas,  // cuBLASLt batched products + fused causal softmax (keeps the T x T probabilities)
+};
+
 struct CudaOptions {
   int device = 0;              // CUDA device ordinal
   bool recompute_gelu = true;  // keep one (B, T, 4C) GELU buffer, recompute it in backward
+  AttentionKernel attention = AttentionKernel::kAuto;
 };
 
 // Creates the model on the GPU, weights initialised with init_weights(0) (the same values as the
 // CPU backend for the same seed). Throws Unavailable when CUDA is not built in or no GPU can be
 // used, FailedPrecondition when the activations for (max_batch_size, max_seq_len) do not fit in
-// device memory, InvalidArgument for a bad config (n_embd and head size must be multiples of 8).
+// device memory, InvalidArgument for a bad config (n_embd and head size must be multiples of 8;
+// AttentionKernel::kFlash needs head size 64).
 std::unique_ptr<CudaModel> make_cuda_gpt2(const model::GPT2Config& config, int max_batch_size,
                                           int max_seq_len, const CudaOptions& options = {});
 
