@@ -452,8 +452,8 @@ class GPT2Cuda final : public CudaModel {
   uint64_t seed_ = 0;
   int last_unique_tokens_ = 0;
 
-  // Device resources, released in reverse order by the destructor (and on a throwing
-  // constructor by ~GPT2Cuda's members not being built: see the constructor).
+  // Device resources, freed by release(): from the destructor, and from the constructor's catch
+  // when building the model fails half-way.
   cudaStream_t stream_ = nullptr;
   cudaStream_t snapshot_stream_ = nullptr;
   cudaEvent_t step_boundary_ = nullptr;

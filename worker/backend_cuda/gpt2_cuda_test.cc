@@ -98,6 +98,40 @@ TEST(CudaAvailabilityTest, ExplainsWhyWhenUnavailable) {
   }
 }
 
+// The backend-independent transfer functions on the CPU model: runs on every machine.
+TEST(StateTransferTest, MovesCpuModelStateThroughHostBuffers) {
+  const auto cpu = model::make_cpu_gpt2(test_config(), kB, kT);
+  cpu->init_weights(5);
+  const std::span<float> params = cpu->parameters_flat();
+  std::vector<float> host(params.size());
+  copy_to_host(*cpu, params, host);
+  EXPECT_EQ(host, std::vector<float>(params.begin(), params.end()));
+
+  for (float& x : host) x += 1.0f;
+  copy_from_host(*cpu, host, params);
+  EXPECT_EQ(std::vector<float>(params.begin(), params.end()), host);
+
+  const model::NamedTensor wpe = cpu->named_parameters()[1];
+  std::vector<std::byte> buffer(static_cast<size_t>(wpe.numel()) * sizeof(float));
+  const std::vector<HostCopy> copies = {{wpe.data, buffer}};
+  start_snapshot(*cpu, copies);
+  finish_snapshot(*cpu);
+  EXPECT_EQ(0, std::memcmp(buffer.data(), wpe.data, buffer.size()));
+
+  std::vector<float> too_small(3);
+  EXPECT_THROW(copy_to_host(*cpu, params, too_small), InvalidArgument);
+}
+
+TEST(StateTransferTest, MovesCudaModelStateThroughHostBuffers) {
+  SKIP_WITHOUT_GPU();
+  const auto gpu = make_cuda_gpt2(test_config(), kB, kT);
+  std::vector<float> host(gpu->parameters_flat().size(), 0.25f);
+  copy_from_host(*gpu, host, gpu->parameters_flat());
+  std::vector<float> back(host.size());
+  copy_to_host(*gpu, gpu->parameters_flat(), back);
+  EXPECT_EQ(back, host);
+}
+
 TEST(CudaGpt2Test, InitialisesLikeTheCpuModelWithHuggingFaceNames) {
   SKIP_WITHOUT_GPU();
   const auto cpu = model::make_cpu_gpt2(test_config(), kB, kT);

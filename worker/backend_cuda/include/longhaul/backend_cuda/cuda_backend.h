@@ -74,6 +74,20 @@ enum class AttentionKernel {
   kCublas,  // cuBLASLt batched products + fused causal softmax (keeps the T x T probabilities)
 };
 
+// ---- Backend-independent state transfer, for the trainer's checkpoint glue ----
+// These work on any LanguageModel: for a CudaModel they use its device copies, for a host
+// backend (CPU) they are plain memcpy. `model_span` must be a span of the model's own buffers
+// (parameters_flat(), gradients_flat() or a NamedTensor's data); sizes must match (else
+// InvalidArgument).
+void copy_to_host(model::LanguageModel& model, std::span<const float> model_span,
+                  std::span<float> host);
+void copy_from_host(model::LanguageModel& model, std::span<const float> host,
+                    std::span<float> model_span);
+// Starts copying a step-consistent snapshot (CUDA: asynchronous, see CudaModel; CPU: done on
+// return) and waits for it. Between the two calls the training loop may run forward/backward.
+void start_snapshot(model::LanguageModel& model, std::span<const HostCopy> copies);
+void finish_snapshot(model::LanguageModel& model);
+
 struct CudaOptions {
   int device = 0;              // CUDA device ordinal
   bool recompute_gelu = true;  // keep one (B, T, 4C) GELU buffer, recompute it in backward
