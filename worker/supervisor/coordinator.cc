@@ -1,5 +1,7 @@
 #include "longhaul/supervisor/coordinator.h"
 
+#include <system_error>
+
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
 
@@ -112,14 +114,20 @@ void Coordinator::start_thread(std::string name, std::function<void()> body) {
   std::lock_guard lock(mu_);
   threads_.push_back(Thread{std::move(name), std::thread(), false});
   Thread* self = &threads_.back();
-  self->thread = std::thread([this, self, body = std::move(body)] {
-    stop_on_exception(*this, body);
-    {
-      std::lock_guard l(mu_);
-      self->done = true;
-    }
-    cv_.notify_all();
-  });
+  try {
+    self->thread = std::thread([this, self, body = std::move(body)] {
+      stop_on_exception(*this, body);
+      {
+        std::lock_guard l(mu_);
+        self->done = true;
+      }
+      cv_.notify_all();
+    });
+  } catch (const std::system_error& e) {
+    std::string name = self->name;
+    threads_.pop_back();
+    throw Unavailable("cannot start thread " + name + ": " + e.what());
+  }
 }
 
 void Coordinator::join(Clock::duration stop_grace) {

@@ -205,34 +205,50 @@ void EventsWriter::add_session_log(tensorboard::SessionLog::SessionStatus status
   write_event(std::move(e));
 }
 
-void EventsWriter::flush_locked() {
+// Writes `pending` to the file; on error keeps the unwritten part in `pending` and throws.
+// Caller holds write_mu_.
+void EventsWriter::write_out(std::string& pending) {
   size_t done = 0;
-  while (done < buffer_.size()) {
-    ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+  while (done < pending.size()) {
+    ssize_t n = ::write(fd_, pending.data() + done, pending.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       int e = errno;
-      buffer_.erase(0, done);
+      pending.erase(0, done);
       throw_errno("cannot write events file", path_.string(), e);
     }
     done += static_cast<size_t>(n);
   }
-  buffer_.clear();
+  pending.clear();
 }
 
 void EventsWriter::flush() {
-  std::lock_guard lock(mu_);
+  std::lock_guard write_lock(write_mu_);
   if (fd_ < 0) return;
-  flush_locked();
+  std::string pending;
+  {
+    std::lock_guard lock(mu_);
+    pending.swap(buffer_);
+  }
+  try {
+    write_out(pending);
+  } catch (...) {
+    // Put back what was not written, ahead of newer records, so a later flush retries it.
+    std::lock_guard lock(mu_);
+    buffer_.insert(0, pending);
+    throw;
+  }
 }
 
 void EventsWriter::flush_loop() {
   auto interval = std::chrono::duration<double>(options_.flush_secs);
-  std::unique_lock lock(mu_);
-  while (!closed_) {
-    if (cv_.wait_for(lock, interval, [&] { return closed_; })) break;
+  while (true) {
+    {
+      std::unique_lock lock(mu_);
+      if (cv_.wait_for(lock, interval, [&] { return closed_; })) return;
+    }
     try {
-      flush_locked();
+      flush();
     } catch (const std::exception& e) {
       LH_LOG(ERROR) << "background flush of events failed" << kv("path", path_.string())
                     << kv("error", e.what());
@@ -248,23 +264,30 @@ void EventsWriter::close() {
   }
   cv_.notify_all();
   if (flusher_.joinable()) flusher_.join();
-  std::lock_guard lock(mu_);
+  std::lock_guard write_lock(write_mu_);
   if (fd_ < 0) return;
-  try {
-    flush_locked();
-  } catch (...) {
-    ::close(fd_);
+  std::string pending;
+  {
+    std::lock_guard lock(mu_);
+    pending.swap(buffer_);
+  }
+  const int fd = fd_;
+  auto close_fd = [&] {
+    ::close(fd);
     fd_ = -1;
+  };
+  try {
+    write_out(pending);
+  } catch (...) {
+    close_fd();
     throw;
   }
-  if (::fsync(fd_) != 0 && errno != EINVAL) {
+  if (::fsync(fd) != 0 && errno != EINVAL) {
     int e = errno;
-    ::close(fd_);
-    fd_ = -1;
+    close_fd();
     throw_errno("cannot fsync events file", path_.string(), e);
   }
-  ::close(fd_);
-  fd_ = -1;
+  close_fd();
 }
 
 uint64_t EventsWriter::records_written() const {

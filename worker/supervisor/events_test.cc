@@ -4,7 +4,9 @@
 
 #include <cfloat>
 #include <cstring>
+#include <map>
 #include <regex>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -156,6 +158,28 @@ TEST(Events, BackgroundFlushWritesWithoutAnExplicitFlush) {
       return false;  // caught a record half written
     }
   }));
+}
+
+TEST(Events, ConcurrentWritersAndBackgroundFlushKeepEveryRecordIntact) {
+  TempDir dir;
+  EventsWriter w(dir.path(), {.flush_secs = 0.001});
+  constexpr int kThreads = 4, kPerThread = 500;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&w, t] {
+      for (int i = 0; i < kPerThread; ++i) w.add_scalar("t" + std::to_string(t), i, i);
+    });
+  }
+  for (auto& th : threads) th.join();
+  w.close();
+  auto events = EventsReader::read_all(w.path());
+  ASSERT_EQ(events.size(), 1u + kThreads * kPerThread);
+  std::map<std::string, int64_t> next;
+  for (size_t i = 1; i < events.size(); ++i) {
+    const auto& v = events[i].summary().value(0);
+    EXPECT_EQ(events[i].step(), next[v.tag()]++) << "records of one thread stay in order";
+  }
+  EXPECT_EQ(w.records_written(), 1u + kThreads * kPerThread);
 }
 
 TEST(Events, HistogramUsesTensorFlowBuckets) {

@@ -190,8 +190,14 @@ void Supervisor::start_services(TrainingState& state) {
     if (options_.summaries_enabled) {
       Looper::start(coord_, "summary_service", seconds(options_.save_summaries_secs), [this] {
         if (options_.summary_fn) options_.summary_fn(*this);
-        std::lock_guard lock(events_mu_);
-        if (events_) events_->flush();
+        // events_ is swapped out only after this thread is joined: flush without events_mu_ so
+        // that add_scalar on the training thread never waits for the disk.
+        EventsWriter* events = nullptr;
+        {
+          std::lock_guard lock(events_mu_);
+          events = events_.get();
+        }
+        if (events) events->flush();
       });
     }
     if (options_.write_events) {

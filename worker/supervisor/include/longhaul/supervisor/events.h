@@ -34,6 +34,10 @@
 
 namespace longhaul::supervisor {
 
+// The generated protobuf messages (Event, Summary, SessionLog, HistogramProto) are in
+// longhaul::tensorboard; this alias makes them reachable as supervisor::tensorboard too.
+namespace tensorboard = ::longhaul::tensorboard;
+
 inline constexpr std::string_view kEventsFileVersion = "brain.Event:2";
 inline constexpr std::string_view kEventsFilePrefix = "events.out.tfevents.";
 
@@ -78,14 +82,17 @@ class EventsWriter {
   uint64_t records_written() const;
 
  private:
-  void flush_locked();
+  void write_out(std::string& pending);
   void flush_loop();
 
   std::filesystem::path path_;
   Options options_;
+  // Lock order: write_mu_ before mu_. mu_ is held only to append to or swap out the buffer, so
+  // adding a record never waits for disk I/O; write_mu_ serialises the writes themselves.
+  std::mutex write_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int fd_ = -1;           // guarded by mu_
+  int fd_ = -1;           // guarded by write_mu_
   std::string buffer_;    // guarded by mu_: framed records not yet written
   bool closed_ = false;   // guarded by mu_
   uint64_t records_ = 0;  // guarded by mu_
