@@ -2,6 +2,10 @@
 # GPU training benchmark: longhaul's CUDA backend vs PyTorch on the same GPU, in one run.
 #
 #   bench/gpu_bench.sh [--preset gpt2-124m] [--seq-len 1024] [--batch auto|N] [--steps 20]
+#   bench/gpu_bench.sh --build-only    # step 1 only (works without a GPU)
+# LONGHAUL_GPU_BENCH_DIRECT=1 skips CMake and builds directly with nvcc/g++;
+# LONGHAUL_GPU_BENCH_BUILD overrides the build folder (default build/gpu-bench);
+# LONGHAUL_GPU_BENCH_JOBS the number of parallel compiles (default: all cores).
 #
 # 1. builds longhaul_gpu_bench and the CUDA test suites (Release, sm_90) in build/gpu-bench —
 #    through CMake when the project's dependencies are installed, otherwise directly with nvcc
@@ -26,6 +30,7 @@ SEQ_LEN=1024
 BATCH=auto
 STEPS=20
 PEAK=989
+BUILD_ONLY=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --preset) PRESET=$2; shift 2 ;;
@@ -33,23 +38,27 @@ while [[ $# -gt 0 ]]; do
     --batch) BATCH=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --peak-tflops) PEAK=$2; shift 2 ;;
+    --build-only) BUILD_ONLY=1; shift ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_bench: no GPU visible (nvidia-smi failed); nothing to measure" >&2
-  exit 3
+if [[ $BUILD_ONLY == 0 ]]; then
+  if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_bench: no GPU visible (nvidia-smi failed); nothing to measure" >&2
+    exit 3
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-JOBS=$(nproc 2>/dev/null || echo 4)
+JOBS=${LONGHAUL_GPU_BENCH_JOBS:-$(nproc 2>/dev/null || echo 4)}
 mkdir -p "$BUILD"
 
 # ---- 1. build ----
 TESTS_BUILT=0
 BENCH=""
-if cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_CUDA=ON \
+if [[ ${LONGHAUL_GPU_BENCH_DIRECT:-0} != 1 ]] &&
+   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 -DLONGHAUL_BUILD_OPERATOR=OFF >"$BUILD/configure.log" 2>&1; then
   cmake --build "$BUILD" --target longhaul_gpu_bench -j "$JOBS"
   BENCH=$BUILD/bench/longhaul_gpu_bench
@@ -60,31 +69,40 @@ if cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_C
     echo "gpu_bench: the CUDA test suites did not build (see $BUILD/tests-build.log)" >&2
   fi
 else
-  echo "gpu_bench: CMake configure failed (project dependencies missing?), see" \
-       "$BUILD/configure.log; building the benchmark directly with nvcc" >&2
+  if [[ ${LONGHAUL_GPU_BENCH_DIRECT:-0} != 1 ]]; then
+    echo "gpu_bench: CMake configure failed (project dependencies missing?), see" \
+         "$BUILD/configure.log; building the benchmark directly with nvcc" >&2
+  fi
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
   INC=(-I"$ROOT/worker/base/include" -I"$ROOT/worker/model/include"
        -I"$ROOT/worker/kernels/cuda/include" -I"$ROOT/worker/backend_cuda/include"
        -I"$CUDA_HOME/include")
   OBJ=$BUILD/direct
   mkdir -p "$OBJ"
-  pids=()
-  for cu in "$ROOT"/worker/kernels/cuda/*.cu; do
-    nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr "${INC[@]}" -c "$cu" \
-      -o "$OBJ/$(basename "$cu").o" &
-    pids+=($!)
-  done
-  for cc in "$ROOT"/worker/base/error.cc "$ROOT"/worker/base/log.cc \
-            "$ROOT"/worker/model/config.cc "$ROOT"/worker/model/pretrained.cc \
-            "$ROOT"/worker/kernels/cuda/check.cc "$ROOT"/worker/kernels/cuda/matmul.cc \
-            "$ROOT"/worker/backend_cuda/gpt2_cuda.cc "$ROOT"/bench/gpu_train_bench.cc; do
-    g++ -std=c++20 -O2 -DLONGHAUL_HAVE_CUDA=1 "${INC[@]}" -c "$cc" -o "$OBJ/$(basename "$cc").o" &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  export OBJ
+  export INC_FLAGS="${INC[*]}"
+  # At most $JOBS compilers at a time.
+  compile_one() {
+    case $1 in
+      *.cu) nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr $INC_FLAGS -c "$1" \
+              -o "$OBJ/$(basename "$1").o" ;;
+      *) g++ -std=c++20 -O2 -DLONGHAUL_HAVE_CUDA=1 $INC_FLAGS -c "$1" -o "$OBJ/$(basename "$1").o" ;;
+    esac
+  }
+  export -f compile_one
+  printf '%s\n' "$ROOT"/worker/kernels/cuda/*.cu \
+    "$ROOT"/worker/base/error.cc "$ROOT"/worker/base/log.cc \
+    "$ROOT"/worker/model/config.cc "$ROOT"/worker/model/pretrained.cc \
+    "$ROOT"/worker/kernels/cuda/check.cc "$ROOT"/worker/kernels/cuda/matmul.cc \
+    "$ROOT"/worker/backend_cuda/gpt2_cuda.cc "$ROOT"/worker/backend_cuda/state_transfer.cc \
+    "$ROOT"/bench/gpu_train_bench.cc |
+    xargs -P "$JOBS" -I{} bash -c 'compile_one "$1"' _ {}
   g++ -o "$OBJ/longhaul_gpu_bench" "$OBJ"/*.o -L"$CUDA_HOME/lib64" -lcublasLt -lcudart -lpthread
   BENCH=$OBJ/longhaul_gpu_bench
 fi
+
+echo "gpu_bench: built $BENCH"
+if [[ $BUILD_ONLY == 1 ]]; then exit 0; fi
 
 # ---- 2. correctness ----
 if [[ $TESTS_BUILT == 1 ]]; then
