@@ -277,8 +277,12 @@ void Supervisor::managed_session(TrainingState& state,
       sv->state_ = nullptr;
     }
   } flag{this};
-  coord_.clear_stop();
-  checkpoint_due_.store(0);
+  // A stop or checkpoint requested before the first session (a SIGTERM during start-up) is kept;
+  // a later session starts from a clean slate.
+  if (sessions_started_++ > 0) {
+    coord_.clear_stop();
+    checkpoint_due_.store(0);
+  }
   restored_step_.reset();
   state_ = &state;
 

@@ -438,6 +438,36 @@ TEST(SupervisorDeathTest, ExitDeadlineEndsAProcessThatDoesNotStopInTime) {
       ::testing::ExitedWithCode(kAbortedExitCode), "still running");
 }
 
+TEST(Supervisor, AStopRequestedBeforeTheSessionIsKept) {
+  TempDir dir;
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  // As a SIGTERM during start-up would: the session must not erase it.
+  sv.request_checkpoint();
+  sv.request_stop(std::make_exception_ptr(Cancelled("SIGTERM during start-up")));
+  int steps = 0;
+  EXPECT_NO_THROW(sv.managed_session(state, [&](Supervisor& sv) {
+    while (!sv.should_stop() && steps < 1000) {
+      ++steps;
+      state.train_step();
+      sv.step_boundary(state.global_step());
+    }
+  }));
+  EXPECT_EQ(steps, 0);
+}
+
+TEST(Supervisor, ASecondSessionStartsAfresh) {
+  TempDir dir;
+  ToyState state;
+  Supervisor sv(quiet_options(dir.path()));
+  sv.managed_session(state, train(state, 2));
+  EXPECT_TRUE(sv.should_stop());
+  sv.managed_session(state, train(state, 3));
+  EXPECT_EQ(state.global_step(), 5);
+  EXPECT_TRUE(has_checkpoint(dir.path(), 5));
+  EXPECT_EQ(sv.restored_step(), 2);
+}
+
 TEST(Supervisor, RejectsBadOptions) {
   TempDir dir;
   auto opts = quiet_options(dir.path());

@@ -183,6 +183,7 @@ class Supervisor {
   std::atomic<int64_t> last_saved_step_{-1};
   std::optional<int64_t> restored_step_;
   std::atomic<bool> in_session_{false};
+  int sessions_started_ = 0;  // training thread only
 };
 
 // Turns SIGTERM / SIGINT into supervisor.request_checkpoint() + request_stop(Cancelled): a final
