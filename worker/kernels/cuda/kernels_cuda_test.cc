@@ -4,8 +4,11 @@
 //
 // The CPU reference is fed the same bf16-rounded inputs (as fp32), so the comparison measures
 // the kernel's own arithmetic. Tolerances, as ||gpu - cpu|| / ||cpu||:
-//   fp32 outputs (gradients of weights, statistics, losses, AdamW state): < 1e-5
-//   bf16 outputs (activations, activation gradients):                     <= 1e-2
+//   fp32 outputs of CUDA-core kernels (statistics, losses, reductions, AdamW):  < 1e-5
+//   fp32 outputs of tensor-core GEMMs (weight gradients, bf16 operands):        < 1e-4
+//     (the products are exact, but the tensor cores accumulate with truncation rather than
+//     round-to-nearest, a bias that grows with the reduction length)
+//   bf16 outputs (activations, activation gradients):                          <= 1e-2
 // Every test reports SKIPPED with the reason on a machine without a usable GPU.
 #include <algorithm>
 #include <cmath>
@@ -45,6 +48,7 @@ namespace {
 namespace cpu = longhaul::kernels::cpu;
 
 constexpr double kFp32Tolerance = 1e-5;
+constexpr double kTensorCoreFp32Tolerance = 1e-4;
 constexpr double kBf16Tolerance = 1e-2;
 
 #define SKIP_WITHOUT_GPU()                                                   \
@@ -301,8 +305,9 @@ TEST_P(LinearBackwardTest, MatchesCpu) {
   linear_backward(mm, d_dinp.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(),
                   d_inp.get(), d_w.get(), N, C, OC, nullptr);
   EXPECT_CLOSE(d_dinp.download(), dinp, kBf16Tolerance);
-  EXPECT_CLOSE(d_dw.download(), dw, kFp32Tolerance);
-  EXPECT_CLOSE(d_db.download(), db, kFp32Tolerance);
+  EXPECT_CLOSE(d_dw.download(), dw, kTensorCoreFp32Tolerance);
+  // The epilogue's reduction runs inside the GEMM (possibly on the tensor cores).
+  EXPECT_CLOSE(d_db.download(), db, GetParam() ? kTensorCoreFp32Tolerance : kFp32Tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(BiasGradient, LinearBackwardTest, ::testing::Values(true, false),
@@ -353,7 +358,7 @@ TEST(MatmulTest, PaddedClassifierMatchesCpu) {
   classifier_matmul_backward(mm, d_dinp.get(), d_dwte.get(), d_dlogits.get(), d_inp.get(),
                              d_wte.get(), N, C, V, Vp, nullptr);
   EXPECT_CLOSE(d_dinp.download(), dinp, kBf16Tolerance);
-  EXPECT_CLOSE(d_dwte.download(), dwte, kFp32Tolerance);
+  EXPECT_CLOSE(d_dwte.download(), dwte, kTensorCoreFp32Tolerance);
 }
 
 TEST(AttentionTest, ForwardAndBackwardMatchCpu) {
