@@ -1,0 +1,229 @@
+// The controller loop (see controller.h).
+#include "longhaul/controller/controller.h"
+
+#include "longhaul/api/trainingjob.h"
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/kube/selector.h"
+
+namespace longhaul::controller {
+
+namespace res = kube::resources;
+
+// Pods, Services and claims from the informer caches; the job from the API.
+class Controller::CacheView : public ClusterView {
+ public:
+  CacheView(Controller& c) : c_(c) {}
+
+  json get_job(const std::string& ns, const std::string& name) override {
+    return c_.client_->get(res::kTrainingJobs, ns, name);
+  }
+
+  std::vector<json> list_pods(const std::string& ns, const std::string& job) override {
+    const auto selector = kube::LabelSelector::parse(std::string(api::kLabelJobName) + "=" + job);
+    std::vector<json> out;
+    for (const auto& inf : c_.pod_informers_) {
+      for (const kube::ObjectPtr& p : inf->store().list(ns, selector)) out.push_back(*p);
+    }
+    return out;
+  }
+
+  bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) override {
+    for (const auto& inf : c_.child_informers_) {
+      if (inf->store().get(ns, name) == nullptr) continue;
+      const json& obj = *inf->store().get(ns, name);
+      if (obj.value("kind", r.kind) == r.kind) return true;
+    }
+    // Not cached (e.g. a claim without our label, named by the user): ask the API.
+    try {
+      c_.client_->get(r, ns, name);
+      return true;
+    } catch (const kube::NotFoundError&) {
+      return false;
+    }
+  }
+
+ private:
+  Controller& c_;
+};
+
+Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
+                       ControllerOptions options)
+    : client_(std::move(client)), options_(std::move(options)) {
+  view_ = std::make_unique<CacheView>(*this);
+  reconciler_ = std::make_unique<Reconciler>(*client_, view_.get(), events, options_.reconciler);
+  kube::WorkQueueOptions q;
+  q.base_delay = options_.retry_base_delay;
+  q.max_delay = options_.retry_max_delay;
+  q.on_depth = options_.on_queue_depth;
+  q.on_latency = options_.on_queue_latency;
+  queue_ = std::make_unique<kube::WorkQueue>(q);
+
+  std::vector<std::string> namespaces = options_.namespaces;
+  if (namespaces.empty()) namespaces.push_back("");
+  const std::string owned_selector(api::kLabelJobName);  // "has the label"
+  for (const std::string& ns : namespaces) {
+    auto make = [&](const kube::Resource& r, const std::string& selector) {
+      kube::InformerOptions o;
+      o.resource = r;
+      o.ns = ns;
+      o.label_selector = selector;
+      o.watch_timeout = options_.watch_timeout;
+      return std::make_unique<kube::Informer>(client_, o);
+    };
+    auto jobs = make(res::kTrainingJobs, "");
+    jobs->add_handlers({[this](const json& o) { enqueue(kube::object_key(o)); },
+                        [this](const json&, const json& o) { enqueue(kube::object_key(o)); },
+                        [this](const json& o) { enqueue(kube::object_key(o)); }});
+    job_informers_.push_back(std::move(jobs));
+    auto pods = make(res::kPods, owned_selector);
+    auto services = make(res::kServices, owned_selector);
+    auto claims = make(res::kPersistentVolumeClaims, owned_selector);
+    for (auto* inf : {pods.get(), services.get(), claims.get()}) {
+      inf->add_handlers({[this](const json& o) { enqueue_owner(o); },
+                         [this](const json&, const json& o) { enqueue_owner(o); },
+                         [this](const json& o) { enqueue_owner(o); }});
+    }
+    pod_informers_.push_back(std::move(pods));
+    child_informers_.push_back(std::move(services));
+    child_informers_.push_back(std::move(claims));
+  }
+}
+
+Controller::~Controller() { stop(); }
+
+void Controller::enqueue(const std::string& key) { queue_->add(key); }
+
+void Controller::enqueue_owner(const json& object) {
+  const json& md = object.at("metadata");
+  const std::string ns = md.value("namespace", std::string());
+  if (md.contains("ownerReferences") && md["ownerReferences"].is_array()) {
+    for (const json& ref : md["ownerReferences"]) {
+      if (ref.value("controller", false) && ref.value("kind", "") == api::kKind) {
+        enqueue(kube::object_key(ns, ref.value("name", std::string())));
+        return;
+      }
+    }
+  }
+  const json labels = md.value("labels", json::object());
+  if (labels.contains(api::kLabelJobName) && labels[api::kLabelJobName].is_string()) {
+    enqueue(kube::object_key(ns, labels[api::kLabelJobName].get<std::string>()));
+  }
+}
+
+void Controller::start() {
+  if (started_) return;
+  started_ = true;
+  for (auto* group : {&child_informers_, &pod_informers_, &job_informers_}) {
+    for (auto& inf : *group) inf->start();
+  }
+  if (options_.resync_period.count() > 0) resync_ = std::thread([this] { resync_loop(); });
+}
+
+bool Controller::synced() const {
+  for (const auto* group : {&child_informers_, &pod_informers_, &job_informers_}) {
+    for (const auto& inf : *group) {
+      if (!inf->has_synced()) return false;
+    }
+  }
+  return true;
+}
+
+bool Controller::wait_for_sync(std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto* group : {&child_informers_, &pod_informers_, &job_informers_}) {
+    for (const auto& inf : *group) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !inf->wait_for_sync(left)) return false;
+    }
+  }
+  return true;
+}
+
+void Controller::start_workers() {
+  if (workers_running_.exchange(true)) return;
+  // A fresh queue: a previous stop_workers() shut the old one down. Every known job is queued,
+  // since events seen while not leading were not acted on.
+  kube::WorkQueueOptions q;
+  q.base_delay = options_.retry_base_delay;
+  q.max_delay = options_.retry_max_delay;
+  q.on_depth = options_.on_queue_depth;
+  q.on_latency = options_.on_queue_latency;
+  if (queue_->shutting_down()) queue_ = std::make_unique<kube::WorkQueue>(q);
+  for (auto& inf : job_informers_) {
+    for (const std::string& key : inf->store().keys()) queue_->add(key);
+  }
+  for (int i = 0; i < std::max(1, options_.workers); ++i) {
+    workers_.emplace_back([this] { worker_loop(); });
+  }
+  LH_LOG(INFO) << "controller workers started" << kv("workers", options_.workers);
+}
+
+void Controller::stop_workers() {
+  if (!workers_running_.exchange(false)) return;
+  queue_->shutdown();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  LH_LOG(INFO) << "controller workers stopped";
+}
+
+void Controller::stop() {
+  stop_workers();
+  {
+    std::lock_guard lock(resync_mu_);
+    started_ = false;
+  }
+  resync_cv_.notify_all();
+  if (resync_.joinable()) resync_.join();
+  for (auto* group : {&job_informers_, &pod_informers_, &child_informers_}) {
+    for (auto& inf : *group) inf->stop();
+  }
+}
+
+void Controller::resync_loop() {
+  std::unique_lock lock(resync_mu_);
+  while (started_) {
+    resync_cv_.wait_for(lock, options_.resync_period);
+    if (!started_) break;
+    if (!workers_running_) continue;
+    for (auto& inf : job_informers_) {
+      for (const std::string& key : inf->store().keys()) queue_->add(key);
+    }
+  }
+}
+
+void Controller::worker_loop() {
+  kube::WorkQueue& queue = *queue_;
+  while (auto key = queue.get()) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto slash = key->find('/');
+    const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);
+    const std::string name = slash == std::string::npos ? *key : key->substr(slash + 1);
+    std::string result = "success";
+    try {
+      const ReconcileResult r = reconciler_->reconcile(ns, name);
+      queue.forget(*key);
+      if (r.requeue_after) {
+        queue.add_after(*key, *r.requeue_after);
+        result = "requeue";
+      }
+    } catch (const kube::ConflictError& e) {
+      // The job changed under us: reconcile again from the fresh object.
+      LH_LOG(DEBUG) << "conflict, requeueing" << kv("job", *key) << kv("error", e.what());
+      queue.add_rate_limited(*key);
+      result = "requeue";
+    } catch (const std::exception& e) {
+      LH_LOG(WARNING) << "reconcile failed" << kv("job", *key) << kv("error", e.what());
+      queue.add_rate_limited(*key);
+      result = "error";
+    }
+    queue.done(*key);
+    if (options_.on_reconcile) {
+      options_.on_reconcile(
+          result, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+}
+
+}  // namespace longhaul::controller

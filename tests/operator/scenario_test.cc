@@ -1,0 +1,370 @@
+// Scenario tests of the TrainingJob controller over real HTTP: the fake API server, the real
+// HttpClient and informers, the controller loop with its reconciler, and a simulated kubelet.
+#include <gtest/gtest.h>
+
+#include "harness.h"
+#include "longhaul/controller/controller.h"
+
+namespace longhaul::testing {
+namespace {
+
+using controller::Controller;
+using controller::ControllerOptions;
+
+class Scenario : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server.start();
+    client = make_client(server);
+    kubelet = std::make_unique<FakeKubelet>(server);
+  }
+  void TearDown() override {
+    if (ctl) ctl->stop();
+    kubelet->stop();
+    client->close();
+    server.stop();
+  }
+  void start_operator() {
+    ControllerOptions o;
+    o.workers = 2;
+    o.watch_timeout = 30s;
+    o.retry_base_delay = 20ms;
+    o.retry_max_delay = 500ms;
+    o.on_reconcile = [this](std::string_view, double) { ++reconciles; };
+    ctl = std::make_unique<Controller>(client, nullptr, o);
+    ctl->start();
+    ASSERT_TRUE(ctl->wait_for_sync(10s));
+    ctl->start_workers();
+  }
+  bool wait(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
+    return server.wait_for(pred, timeout);
+  }
+  void create(const json& job) { server.create(kJobs, "default", job); }
+  api::TrainingJobStatus status(const std::string& name = "j") { return job_status(server, name); }
+  bool running(const std::string& name, size_t pods, int64_t attempt) {
+    return pods_running_at(server, name, pods, attempt) && status(name).phase == "Running";
+  }
+  std::vector<std::string> event_reasons() {
+    std::vector<std::string> out;
+    for (const json& e : server.list("events", "default")) out.push_back(e.value("reason", ""));
+    return out;
+  }
+  bool saw_event(const std::string& reason) {
+    const auto r = event_reasons();
+    return std::find(r.begin(), r.end(), reason) != r.end();
+  }
+
+  fakeapi::FakeApiServer server{server_options()};
+  std::shared_ptr<kube::HttpClient> client;
+  std::unique_ptr<FakeKubelet> kubelet;
+  std::unique_ptr<Controller> ctl;
+  std::atomic<int> reconciles{0};
+};
+
+TEST_F(Scenario, CreateMakesClaimServiceAndPodsWithEnvLabelsMountsAndOwners) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); })) << status().phase;
+  const json job = server.get(kJobs, "default", "j");
+  const std::string uid = job["metadata"]["uid"];
+
+  const json claim = server.get("persistentvolumeclaims", "default", "j-logdir");
+  EXPECT_EQ(claim["spec"]["accessModes"], json::array({"ReadWriteMany"}));
+  EXPECT_FALSE(claim["metadata"].contains("ownerReferences")) << "Retain: not garbage-collected";
+  const json svc = server.get("services", "default", "j");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  EXPECT_EQ(svc["metadata"]["ownerReferences"][0]["uid"], uid);
+
+  const json chief = server.get("pods", "default", "j-chief-0");
+  EXPECT_EQ(chief["metadata"]["labels"]["longhaul.dev/role"], "chief");
+  EXPECT_EQ(chief["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_EQ(chief["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(chief["spec"]["hostname"], "j-chief-0");
+  EXPECT_EQ(chief["spec"]["subdomain"], "j");
+  EXPECT_EQ(chief["spec"]["restartPolicy"], "Never");
+  const json w1 = server.get("pods", "default", "j-worker-1");
+  EXPECT_EQ(w1["metadata"]["labels"]["longhaul.dev/replica-type"], "worker");
+  EXPECT_EQ(w1["metadata"]["labels"]["longhaul.dev/replica-index"], "1");
+  EXPECT_FALSE(w1["metadata"]["labels"].contains("longhaul.dev/role"));
+  EXPECT_EQ(w1["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/logdir");
+  EXPECT_EQ(w1["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"], "j-logdir");
+  std::map<std::string, std::string> env;
+  for (const json& e : w1["spec"]["containers"][0]["env"]) env[e["name"]] = e["value"];
+  const json tf = json::parse(env.at("TF_CONFIG"));
+  EXPECT_EQ(tf["cluster"]["chief"], json::array({"j-chief-0.j.default.svc:2222"}));
+  EXPECT_EQ(tf["cluster"]["worker"][1], "j-worker-1.j.default.svc:2222");
+  EXPECT_EQ(tf["task"], json({{"type", "worker"}, {"index", 1}}));
+  EXPECT_EQ(env.at("LONGHAUL_RANK"), "2");
+  EXPECT_EQ(env.at("LONGHAUL_WORLD_SIZE"), "3");
+  EXPECT_EQ(env.at("LONGHAUL_CHIEF_ADDRESS"), "j-chief-0.j.default.svc:2222");
+  EXPECT_EQ(env.at("LONGHAUL_RESTART_ATTEMPT"), "0");
+  EXPECT_EQ(env.at("LONGHAUL_LOGDIR"), "/logdir");
+
+  ASSERT_TRUE(wait([&] {
+    const auto s = status();
+    return s.ready == "3/3" && api::condition_true(s, api::condition::kRunning);
+  }));
+  const auto s = status();
+  EXPECT_EQ(s.chief_pod, "j-chief-0");
+  EXPECT_TRUE(api::condition_true(s, api::condition::kCreated));
+  EXPECT_EQ(s.observed_generation, 1);
+  EXPECT_TRUE(saw_event("CreatedPod"));
+}
+
+TEST_F(Scenario, ChiefExit1FailsTheJobNamingPodAndCode) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  fail_pod(server, "j-chief-0", 1);
+  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "PermanentExitCode");
+  EXPECT_NE(failed->message.find("default/j-chief-0"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("exited with code 1"), std::string::npos) << failed->message;
+  // cleanPodPolicy Running: the running workers go, the failed chief stays for its logs.
+  ASSERT_TRUE(wait([&] { return job_pods(server, "j").size() == 1; }));
+  EXPECT_EQ(job_pods(server, "j")[0]["metadata"]["name"], "j-chief-0");
+}
+
+TEST_F(Scenario, TenPreemptionsKeepTheJobRunningWithTheBudgetUntouched) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  for (int i = 1; i <= 10; ++i) {
+    preempt_pod(server, i % 2 ? "j-worker-1" : "j-chief-0");
+    ASSERT_TRUE(wait([&] { return running("j", 3, i); })) << "preemption " << i;
+  }
+  ASSERT_TRUE(wait([&] { return status().preemption_count == 10; }));
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_EQ(s.failure_count, 0);
+  EXPECT_EQ(s.failure_budget, "0/6");
+  EXPECT_EQ(s.restart_count, 10);
+}
+
+TEST_F(Scenario, Exit137RestartsTheGroupAfterTheBackoff) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["backoff"] = {{"initialSeconds", 1}, {"maxSeconds", 2}};
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  fail_pod(server, "j-worker-0", 137);
+  ASSERT_TRUE(wait([&] { return status().failure_count == 1; }));
+  const std::string not_before = status().next_restart_time;
+  ASSERT_FALSE(not_before.empty());
+  EXPECT_EQ(status().phase, "Restarting");
+  ASSERT_TRUE(wait([&] { return running("j", 3, 1); }));
+  for (const json& p : job_pods(server, "j")) {
+    EXPECT_GE(api::parse_time(p["metadata"]["creationTimestamp"].get<std::string>()),
+              api::parse_time(not_before))
+        << "pod " << p["metadata"]["name"] << " was created before the backoff ended";
+  }
+  ASSERT_TRUE(wait([&] { return status().phase == "Running"; }));
+  EXPECT_EQ(status().failure_count, 1);
+}
+
+TEST_F(Scenario, BackoffLimitReachedAcrossRecreationsFailsTheJob) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["backoffLimit"] = 2;
+  create(job);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(wait([&] { return running("j", 3, i); }));
+    fail_pod(server, "j-worker-1", 138);
+  }
+  ASSERT_TRUE(wait([&] { return running("j", 3, 2); }));
+  fail_pod(server, "j-worker-1", 138);
+  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  EXPECT_EQ(s.failure_count, 3);
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  EXPECT_EQ(failed->reason, "BackoffLimitExceeded");
+  EXPECT_NE(failed->message.find("backoffLimit 2"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("j-worker-1"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("138"), std::string::npos) << failed->message;
+}
+
+TEST_F(Scenario, GroupRestartRecreatesEveryReplica) {
+  start_operator();
+  create(job_manifest("j", 3));
+  ASSERT_TRUE(wait([&] { return running("j", 4, 0); }));
+  std::map<std::string, std::string> before;
+  for (const json& p : job_pods(server, "j")) before[p["metadata"]["name"]] = p["metadata"]["uid"];
+  fail_pod(server, "j-worker-2", 255);
+  ASSERT_TRUE(wait([&] { return running("j", 4, 1); }));
+  for (const json& p : job_pods(server, "j")) {
+    EXPECT_NE(before.at(p["metadata"]["name"]), p["metadata"]["uid"]) << p["metadata"]["name"];
+    std::map<std::string, std::string> env;
+    for (const json& e : p["spec"]["containers"][0]["env"]) env[e["name"]] = e["value"];
+    EXPECT_EQ(env.at("LONGHAUL_RESTART_ATTEMPT"), "1");
+  }
+}
+
+TEST_F(Scenario, PodStuckTerminatingOnALostNodeIsForceDeleted) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["nodeLostTimeoutSeconds"] = 1;
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  // The node of worker-1 is gone: its deletion (the taint manager's) never completes.
+  kubelet->set_stuck("j-worker-1", true);
+  fakeapi::DeleteOptions grace;
+  grace.grace_period_seconds = 1;
+  server.remove("pods", "default", "j-worker-1", grace);
+  ASSERT_TRUE(wait([&] { return status().preemption_count == 1; }));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 1); }, 30s));
+  EXPECT_TRUE(saw_event("ForceDeletedPod"));
+  EXPECT_EQ(status().failure_count, 0);
+}
+
+struct CleanupCase {
+  const char* policy;
+  std::vector<std::string> pods_left;
+};
+void PrintTo(const CleanupCase& c, std::ostream* os) { *os << c.policy; }
+class SuccessScenario : public Scenario, public ::testing::WithParamInterface<CleanupCase> {};
+
+TEST_P(SuccessScenario, ChiefSuccessFinishesAndCleansUpByPolicy) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["cleanPodPolicy"] = GetParam().policy;
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  fail_pod(server, "j-worker-0", 0);
+  fail_pod(server, "j-chief-0", 0);
+  ASSERT_TRUE(wait([&] { return status().phase == "Succeeded"; }));
+  auto names = [&] {
+    std::vector<std::string> n;
+    for (const json& p : job_pods(server, "j")) n.push_back(p["metadata"]["name"]);
+    return n;
+  };
+  ASSERT_TRUE(wait([&] { return names() == GetParam().pods_left; })) << names().size();
+  const auto s = status();
+  EXPECT_EQ(api::find_condition(s, api::condition::kSucceeded)->reason, "ChiefSucceeded");
+  EXPECT_FALSE(s.completion_time.empty());
+}
+INSTANTIATE_TEST_SUITE_P(
+    Policies, SuccessScenario,
+    ::testing::Values(CleanupCase{"Running", {"j-chief-0", "j-worker-0"}}, CleanupCase{"All", {}},
+                      CleanupCase{"None", {"j-chief-0", "j-worker-0", "j-worker-1"}}),
+    [](const auto& info) { return std::string(info.param.policy); });
+
+TEST_F(Scenario, SuspendDeletesPodsAndResumeRecreatesThem) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  server.patch(kJobs, "default", "j", {{"spec", {{"runPolicy", {{"suspend", true}}}}}});
+  ASSERT_TRUE(wait([&] { return status().phase == "Suspended" && job_pods(server, "j").empty(); }));
+  EXPECT_TRUE(api::condition_true(status(), api::condition::kSuspended));
+  server.patch(kJobs, "default", "j", {{"spec", {{"runPolicy", {{"suspend", false}}}}}});
+  ASSERT_TRUE(wait([&] { return running("j", 3, 1); }));
+  EXPECT_EQ(api::find_condition(status(), api::condition::kSuspended)->status, "False");
+  EXPECT_EQ(status().failure_count, 0);
+}
+
+TEST_F(Scenario, ActiveDeadlineFailsTheJobWithDeadlineExceeded) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2;
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }, 15s));
+  EXPECT_EQ(api::find_condition(status(), api::condition::kFailed)->reason, "DeadlineExceeded");
+  ASSERT_TRUE(wait([&] { return job_pods(server, "j").empty(); }));
+}
+
+TEST_F(Scenario, TtlAfterFinishedDeletesTheJobButKeepsARetainedLogdir) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 1;
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  fail_pod(server, "j-chief-0", 0);
+  ASSERT_TRUE(wait([&] { return !server.try_get(kJobs, "default", "j"); }, 15s));
+  ASSERT_TRUE(wait([&] { return job_pods(server, "j").empty(); }));
+  EXPECT_TRUE(server.try_get("persistentvolumeclaims", "default", "j-logdir"));
+  EXPECT_FALSE(server.try_get("services", "default", "j"));
+}
+
+TEST_F(Scenario, InvalidSpecFailsWithInvalidSpecAndNoPods) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"] = json::array();
+  create(job);
+  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "InvalidSpec");
+  EXPECT_NE(failed->message.find("spec.replicaSpecs.Worker.template.spec.containers"),
+            std::string::npos);
+  EXPECT_TRUE(job_pods(server, "j").empty());
+}
+
+TEST_F(Scenario, OperatorRestartedMidFlightMakesNoDuplicatesAndLosesNoJobs) {
+  start_operator();
+  for (int i = 0; i < 5; ++i) create(job_manifest("j" + std::to_string(i)));
+  // Stop as soon as the first pods exist: some jobs are half-created.
+  ASSERT_TRUE(
+      wait([&] { return server.count_requests({.verb = "create", .resource = "pods"}) >= 4; }));
+  ctl->stop();
+  ctl.reset();
+  preempt_pod(server, job_pods(server, "j0").empty() ? "j1-chief-0" : "j0-chief-0");
+  start_operator();
+  for (int i = 0; i < 5; ++i) {
+    const std::string n = "j" + std::to_string(i);
+    ASSERT_TRUE(wait([&] {
+      return status(n).phase == "Running" && job_pods(server, n).size() == 3;
+    })) << n;
+  }
+  // Every pod name was created once per incarnation: 15 pods plus one restarted group of 3.
+  const size_t created =
+      server.count_requests({.verb = "create", .resource = "pods", .status = 201});
+  int restarts = 0;
+  for (int i = 0; i < 5; ++i) restarts += status("j" + std::to_string(i)).restart_count;
+  EXPECT_EQ(created, 15u + 3u * restarts);
+  EXPECT_LE(restarts, 1);
+}
+
+TEST_F(Scenario, TwentyPercentOfRequestsFailingStillConverges) {
+  fakeapi::FaultRule rule;
+  rule.status = 500;
+  rule.probability = 0.2;
+  server.add_fault(rule);
+  start_operator();
+  for (int i = 0; i < 3; ++i) create(job_manifest("j" + std::to_string(i)));
+  for (int i = 0; i < 3; ++i) {
+    const std::string n = "j" + std::to_string(i);
+    ASSERT_TRUE(wait([&] { return running(n, 3, 0); }, 30s)) << n;
+  }
+  preempt_pod(server, "j1-worker-0");
+  ASSERT_TRUE(wait([&] { return running("j1", 3, 1) && status("j1").preemption_count == 1; }, 30s));
+  EXPECT_GT(server.injected_fault_count(), 0u);
+  EXPECT_EQ(status("j1").failure_count, 0);
+}
+
+TEST_F(Scenario, NoWritesOnceConverged) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(wait([&] {
+    const auto s = status();
+    return running("j", 3, 0) && s.ready == "3/3";
+  }));
+  // The last decision's Event is written right after its status: wait for it too.
+  ASSERT_TRUE(wait([&] { return saw_event("AllReplicasRunning"); }));
+  // Let any in-flight reconcile finish: wait for an idle queue by forcing one more pass.
+  const int before = reconciles.load();
+  server.clear_requests();
+  ctl->enqueue("default/j");
+  ctl->enqueue("default/j");
+  ASSERT_TRUE(wait([&] { return reconciles.load() > before; }));
+  EXPECT_EQ(server.count_requests({.write = true}), 0u);
+  for (const auto& r : server.requests()) {
+    if (r.write) ADD_FAILURE() << "write after convergence: " << r.method << " " << r.path;
+  }
+}
+
+}  // namespace
+}  // namespace longhaul::testing
