@@ -1,8 +1,7 @@
 #include "longhaul/kernels/cpu/gelu.h"
 
-#include <cmath>
-
 #include "parallel.h"
+#include "vec_math.h"
 
 namespace longhaul::kernels::cpu {
 namespace {
@@ -11,25 +10,23 @@ constexpr float kCoeff = 0.044715f;
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, size_t N) {
-  const long long n = static_cast<long long>(N);
-  const bool parallel = N >= kParallelMinWork;
-  parallel_for(n, parallel, [&](int64_t begin, int64_t end) {
-    for (long long i = static_cast<long long>(begin); i < end; ++i) {
+  parallel_for(static_cast<int64_t>(N), N >= kParallelMinWork, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
       const float x = inp[i];
       const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
-      out[i] = 0.5f * x * (1.0f + std::tanh(u));
+      out[i] = 0.5f * x * (1.0f + tanh_approx(u));
     }
   });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
-  const long long n = static_cast<long long>(N);
-  const bool parallel = N >= kParallelMinWork;
-  parallel_for(n, parallel, [&](int64_t begin, int64_t end) {
-    for (long long i = static_cast<long long>(begin); i < end; ++i) {
+  parallel_for(static_cast<int64_t>(N), N >= kParallelMinWork, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
       const float x = inp[i];
       const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
-      const float th = std::tanh(u);
+      const float th = tanh_approx(u);
       const float sech2 = 1.0f - th * th;
       const float grad =
           0.5f * (1.0f + th) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCoeff * x * x);

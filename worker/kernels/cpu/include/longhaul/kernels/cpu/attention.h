@@ -13,9 +13,12 @@
 //   dz[t,s]  = a[t,s] (da[t,s] - sum_j a[t,j] da[t,j])          (softmax backward)
 //   dq_t    += scale sum_s dz[t,s] k_s          dk_s += scale dz[t,s] q_t
 //
-// Parallelism: over the B*NH (b,h) pairs; each writes a disjoint slice of dqkv and walks t in
-// order, so the result is deterministic for any thread count. datt is scratch (its contents on
-// return are da); it is sized like att so a GPU backend can use the same contract.
+// Computation: per (b,h), the four products (q k^T, a v, and in backward dout v^T, a^T dout,
+// dz k, dz^T q) are single-threaded OpenBLAS sgemms on strided views of qkv; softmax and its
+// backward are row loops in between. Parallelism: over the B*NH (b,h) pairs, each writing a
+// disjoint slice of out/dqkv, so the result is deterministic for any thread count. datt is
+// scratch (on return it holds dz, the gradient of the pre-softmax scores); it is sized like att
+// so a GPU backend can use the same contract. exp is vec_math.h's exp_approx (~2e-7 relative).
 #pragma once
 
 namespace longhaul::kernels::cpu {
