@@ -166,7 +166,8 @@ __global__ void __launch_bounds__(kThreads)
                          int T, int C, int NH, float scale_log2) {
   __shared__ alignas(16) bf16 k_rows[kBlock * kStride];
   __shared__ alignas(16) bf16 v_cols[kD * kStride];
-  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  // The last query blocks carry the most key blocks: schedule them first (shorter tail).
+  const int qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const long long stride = 3LL * C;
   const bf16* q = qkv + static_cast<long long>(b) * T * stride + h * kD;
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ alignas(16) bf16 k_rows[kBlock * kStride];
   __shared__ alignas(16) bf16 k_cols[kD * kStride];
   __shared__ alignas(16) bf16 v_rows[kBlock * kStride];
-  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const long long stride = 3LL * C;
   const bf16* q = qkv + static_cast<long long>(b) * T * stride + h * kD;
