@@ -1,0 +1,169 @@
+// longhaul-operator: reconciles TrainingJobs (longhaul.dev/v1alpha1).
+//
+// Start-up: load the cluster config (--kubeconfig, else $KUBECONFIG / ~/.kube/config, else the
+// in-cluster service account), serve /metrics and /healthz + /readyz, start the informers, then
+// reconcile with --workers threads while this replica leads (Lease --lease-namespace/--lease-name;
+// --leader-elect=false reconciles at once). SIGTERM or SIGINT: stop reconciling (drain the
+// workers), release the Lease, stop the informers, join every thread, exit 0.
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include "health_server.h"
+#include "lease_elector.h"
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/controller/controller.h"
+#include "longhaul/kube/config.h"
+#include "longhaul/kube/http_client.h"
+#include "metrics.h"
+
+#ifndef LONGHAUL_VERSION
+#define LONGHAUL_VERSION "0.0.0"
+#endif
+
+namespace {
+
+using namespace longhaul;
+
+std::string default_identity() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + "_" + std::to_string(::getpid());
+}
+
+std::chrono::milliseconds seconds_to_ms(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"longhaul-operator: reconciles TrainingJobs (longhaul.dev/v1alpha1)"};
+  std::string kubeconfig, context, lease_name = "longhaul-operator", lease_namespace, identity;
+  std::vector<std::string> namespaces;
+  bool leader_elect = true;
+  int metrics_port = 8080, health_port = 8081, workers = 4, burst = 30;
+  double qps = 20, lease_duration = 15, renew_deadline = 10, retry_period = 2;
+  std::string bind_address = "0.0.0.0", log_level;
+  app.add_option("--kubeconfig", kubeconfig,
+                 "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)");
+  app.add_option("--context", context, "kubeconfig context (default: current-context)");
+  app.add_option("--namespace", namespaces, "namespace to watch; repeatable (default: all)");
+  app.add_flag("--leader-elect,!--no-leader-elect", leader_elect,
+               "elect a leader on a Lease before reconciling (default true)");
+  app.add_option("--lease-name", lease_name, "name of the leader-election Lease");
+  app.add_option("--lease-namespace", lease_namespace,
+                 "namespace of the Lease (default: the config's namespace)");
+  app.add_option("--lease-duration", lease_duration, "seconds a Lease is valid without renewal");
+  app.add_option("--renew-deadline", renew_deadline, "seconds the leader retries renewing");
+  app.add_option("--retry-period", retry_period, "seconds between Lease attempts");
+  app.add_option("--identity", identity, "leader-election identity (default: <hostname>_<pid>)");
+  app.add_option("--bind-address", bind_address, "address of the metrics and health servers");
+  app.add_option("--metrics-port", metrics_port, "port of /metrics (0: any free port)");
+  app.add_option("--health-port", health_port, "port of /healthz and /readyz (0: any free port)");
+  app.add_option("--workers", workers, "reconcile worker threads")->check(CLI::Range(1, 256));
+  app.add_option("--qps", qps, "client-side API request rate (<= 0: unlimited)");
+  app.add_option("--burst", burst, "client-side API request burst");
+  app.add_option("--log-level", log_level, "debug|info|warning|error (default: LONGHAUL_LOG_LEVEL)")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  CLI11_PARSE(app, argc, argv);
+
+  if (log_level == "debug") log::set_level(log::Level::kDebug);
+  if (log_level == "warning") log::set_level(log::Level::kWarning);
+  if (log_level == "error") log::set_level(log::Level::kError);
+  if (identity.empty()) identity = default_identity();
+
+  // Signals are taken synchronously by the main thread; every thread started below inherits
+  // the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const kube::ClusterConfig config = kube::load_default_config(kubeconfig, context);
+  if (lease_namespace.empty()) lease_namespace = config.default_namespace;
+
+  operator_cli::OperatorMetrics metrics(bind_address + ":" + std::to_string(metrics_port),
+                                        LONGHAUL_VERSION);
+  kube::HttpClientOptions client_options;
+  client_options.qps = qps;
+  client_options.burst = burst;
+  client_options.observer = [&metrics](const kube::RequestObservation& o) {
+    metrics.api_request(o.verb, o.code);
+  };
+  auto client = std::make_shared<kube::HttpClient>(config, client_options);
+
+  controller::ControllerOptions options;
+  options.namespaces = namespaces;
+  options.workers = workers;
+  options.on_reconcile = [&metrics](std::string_view r, double s) { metrics.reconcile(r, s); };
+  options.on_queue_depth = [&metrics](size_t d) { metrics.queue_depth(d); };
+  options.on_queue_latency = [&metrics](double s) { metrics.queue_latency(s); };
+  options.reconciler.on_restart = [&metrics](std::string_view r) { metrics.pod_restart(r); };
+  options.reconciler.on_phase = [&metrics](const std::string& k, const std::string& p) {
+    metrics.job_phase(k, p);
+  };
+  controller::Controller ctl(client, nullptr, options);
+
+  operator_cli::HealthServer health(bind_address == "0.0.0.0" ? "0.0.0.0" : bind_address,
+                                    health_port, [&ctl] { return ctl.synced(); });
+  health.start();
+  LH_LOG(INFO) << "longhaul-operator starting" << kv("version", LONGHAUL_VERSION)
+               << kv("cluster", config.source) << kv("identity", identity)
+               << kv("metrics_port", metrics.port()) << kv("health_port", health.port())
+               << kv("leader_elect", leader_elect ? "true" : "false");
+  ctl.start();
+
+  auto start_reconciling = [&] {
+    // Reconcile only from a synced cache; wait here (on the elector thread) if needed.
+    while (!ctl.wait_for_sync(std::chrono::seconds(5))) {
+      LH_LOG(WARNING) << "informers not synced yet; waiting before reconciling";
+    }
+    ctl.start_workers();
+    metrics.set_leader(true);
+  };
+  std::unique_ptr<operator_cli::LeaseElector> elector;
+  if (leader_elect) {
+    operator_cli::LeaseElectorOptions lo;
+    lo.lease_namespace = lease_namespace;
+    lo.lease_name = lease_name;
+    lo.identity = identity;
+    lo.lease_duration = seconds_to_ms(lease_duration);
+    lo.renew_deadline = seconds_to_ms(renew_deadline);
+    lo.retry_period = seconds_to_ms(retry_period);
+    lo.on_started_leading = start_reconciling;
+    lo.on_stopped_leading = [&] {
+      metrics.set_leader(false);
+      ctl.stop_workers();
+    };
+    elector = std::make_unique<operator_cli::LeaseElector>(client, lo);
+    elector->start();
+  } else {
+    start_reconciling();
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LH_LOG(INFO) << "shutting down" << kv("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (elector) elector->stop(/*release=*/true);  // drains the workers, then gives the Lease up
+  ctl.stop();
+  health.stop();
+  client->close();
+  LH_LOG(INFO) << "longhaul-operator stopped";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    LH_LOG(ERROR) << "longhaul-operator failed" << kv("error", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,112 @@
+// The operator's Prometheus metrics (see metrics.h).
+#include "metrics.h"
+
+namespace longhaul::operator_cli {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+const char* kPhases[] = {"Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"};
+
+}  // namespace
+
+OperatorMetrics::OperatorMetrics(const std::string& bind_address, const std::string& version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      exposer_(std::make_unique<prometheus::Exposer>(bind_address)),
+      reconciles_(prometheus::BuildCounter()
+                      .Name("longhaul_operator_reconciles_total")
+                      .Help("TrainingJob reconciles by result (success, error, requeue)")
+                      .Register(*registry_)),
+      reconcile_duration_(prometheus::BuildHistogram()
+                              .Name("longhaul_operator_reconcile_duration_seconds")
+                              .Help("Time spent in one reconcile of one TrainingJob")
+                              .Register(*registry_)
+                              .Add({}, kLatencyBuckets)),
+      jobs_(prometheus::BuildGauge()
+                .Name("longhaul_operator_jobs")
+                .Help("TrainingJobs known to this operator by phase")
+                .Register(*registry_)),
+      pod_restarts_(prometheus::BuildCounter()
+                        .Name("longhaul_operator_pod_restarts_total")
+                        .Help("Restart decisions by reason (preemption, retryable exit, ...)")
+                        .Register(*registry_)),
+      api_requests_(prometheus::BuildCounter()
+                        .Name("longhaul_operator_api_requests_total")
+                        .Help("Kubernetes API requests by verb and HTTP code")
+                        .Register(*registry_)),
+      queue_depth_(prometheus::BuildGauge()
+                       .Name("longhaul_operator_workqueue_depth")
+                       .Help("Job keys ready in the work queue")
+                       .Register(*registry_)
+                       .Add({})),
+      queue_latency_(prometheus::BuildHistogram()
+                         .Name("longhaul_operator_workqueue_latency_seconds")
+                         .Help("Time a job key waited in the work queue before a worker took it")
+                         .Register(*registry_)
+                         .Add({}, kLatencyBuckets)),
+      is_leader_(prometheus::BuildGauge()
+                     .Name("longhaul_operator_is_leader")
+                     .Help("1 while this replica holds the leader Lease (or election is off)")
+                     .Register(*registry_)
+                     .Add({})) {
+  prometheus::BuildGauge()
+      .Name("longhaul_operator_build_info")
+      .Help("Build information; always 1")
+      .Register(*registry_)
+      .Add({{"version", version}})
+      .Set(1);
+  for (const char* phase : kPhases) phase_gauges_[phase] = &jobs_.Add({{"phase", phase}});
+  exposer_->RegisterCollectable(registry_);
+}
+
+int OperatorMetrics::port() const {
+  const auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+prometheus::Counter& OperatorMetrics::cached(prometheus::Family<prometheus::Counter>& family,
+                                             std::map<std::string, prometheus::Counter*>& cache,
+                                             const std::map<std::string, std::string>& labels) {
+  std::string key = std::to_string(reinterpret_cast<uintptr_t>(&family));
+  for (const auto& [k, v] : labels) key += "|" + k + "=" + v;
+  std::lock_guard lock(mu_);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  prometheus::Counter& c = family.Add(labels);
+  cache[key] = &c;
+  return c;
+}
+
+void OperatorMetrics::reconcile(std::string_view result, double seconds) {
+  cached(reconciles_, counter_cache_, {{"result", std::string(result)}}).Increment();
+  reconcile_duration_.Observe(seconds);
+}
+
+void OperatorMetrics::job_phase(const std::string& key, const std::string& phase) {
+  std::lock_guard lock(mu_);
+  auto it = phase_of_.find(key);
+  const std::string old = it == phase_of_.end() ? "" : it->second;
+  if (old == phase) return;
+  if (!old.empty() && phase_gauges_.contains(old)) phase_gauges_[old]->Decrement();
+  if (phase.empty()) {
+    phase_of_.erase(key);
+    return;
+  }
+  phase_of_[key] = phase;
+  if (!phase_gauges_.contains(phase)) phase_gauges_[phase] = &jobs_.Add({{"phase", phase}});
+  phase_gauges_[phase]->Increment();
+}
+
+void OperatorMetrics::pod_restart(std::string_view reason) {
+  cached(pod_restarts_, counter_cache_, {{"reason", std::string(reason)}}).Increment();
+}
+
+void OperatorMetrics::api_request(const std::string& verb, const std::string& code) {
+  cached(api_requests_, counter_cache_, {{"verb", verb}, {"code", code}}).Increment();
+}
+
+void OperatorMetrics::queue_depth(size_t depth) { queue_depth_.Set(static_cast<double>(depth)); }
+void OperatorMetrics::queue_latency(double seconds) { queue_latency_.Observe(seconds); }
+void OperatorMetrics::set_leader(bool leader) { is_leader_.Set(leader ? 1 : 0); }
+
+}  // namespace longhaul::operator_cli

@@ -1,0 +1,57 @@
+// The operator's Prometheus metrics (names fixed in notes/COMMON.md), built once at start-up on
+// one registry, with labelled children cached. Served by prometheus-cpp's Exposer on
+// --metrics-port at /metrics.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace longhaul::operator_cli {
+
+class OperatorMetrics {
+ public:
+  // Serves /metrics on bind_address ("0.0.0.0:8080"; port 0 picks a free one).
+  OperatorMetrics(const std::string& bind_address, const std::string& version);
+  int port() const;
+
+  void reconcile(std::string_view result, double seconds);           // success|error|requeue
+  void job_phase(const std::string& key, const std::string& phase);  // "" when gone
+  void pod_restart(std::string_view reason);
+  void api_request(const std::string& verb, const std::string& code);
+  void queue_depth(size_t depth);
+  void queue_latency(double seconds);
+  void set_leader(bool leader);
+
+ private:
+  prometheus::Counter& cached(prometheus::Family<prometheus::Counter>& family,
+                              std::map<std::string, prometheus::Counter*>& cache,
+                              const std::map<std::string, std::string>& labels);
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>& reconciles_;
+  prometheus::Histogram& reconcile_duration_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Counter>& pod_restarts_;
+  prometheus::Family<prometheus::Counter>& api_requests_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Histogram& queue_latency_;
+  prometheus::Gauge& is_leader_;
+
+  std::mutex mu_;
+  std::map<std::string, prometheus::Counter*> counter_cache_;  // guarded by mu_
+  std::map<std::string, std::string> phase_of_;                // guarded by mu_: job -> phase
+  std::map<std::string, prometheus::Gauge*> phase_gauges_;     // guarded by mu_
+};
+
+}  // namespace longhaul::operator_cli
