@@ -1,0 +1,242 @@
+// Tests of the longhaul-operator binary as a process against the fake API server: metrics and
+// probes, graceful SIGTERM, SIGKILL mid-flight and restart, and two replicas electing a leader.
+#include <filesystem>
+#include <fstream>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+namespace longhaul::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET http://127.0.0.1:<port><path>; returns {status, body}, status 0 when unreachable.
+std::pair<int, std::string> http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {0, ""};
+  }
+  const std::string req =
+      "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  [[maybe_unused]] ssize_t w = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, n);
+  ::close(fd);
+  if (resp.size() < 12) return {0, ""};
+  const auto body = resp.find("\r\n\r\n");
+  return {std::stoi(resp.substr(9, 3)), body == std::string::npos ? "" : resp.substr(body + 4)};
+}
+
+class OperatorProcess {
+ public:
+  OperatorProcess(const fs::path& dir, const std::string& name, std::vector<std::string> args)
+      : metrics_port_(free_port()), health_port_(free_port()) {
+    args.insert(args.begin(), LONGHAUL_OPERATOR_BINARY);
+    args.push_back("--kubeconfig=" + (dir / "kubeconfig").string());
+    args.push_back("--metrics-port=" + std::to_string(metrics_port_));
+    args.push_back("--health-port=" + std::to_string(health_port_));
+    args.push_back("--bind-address=127.0.0.1");
+    args.push_back("--identity=" + name);
+    args.push_back("--qps=0");
+    log_ = dir / (name + ".log");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~OperatorProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  void kill(int sig) { ::kill(pid_, sig); }
+  // Waits for the process to exit; returns its exit status, or -1 on timeout.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(20ms);  // polling a child's exit; the deadline bounds it
+    }
+    return -1;
+  }
+  std::string metrics() { return http_get(metrics_port_, "/metrics").second; }
+  int health(const std::string& path) { return http_get(health_port_, path).first; }
+  std::string log() {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  int metrics_port_, health_port_;
+  fs::path log_;
+  pid_t pid_ = -1;
+};
+
+// Polls `pred` until true or the deadline (for state outside the fake server: processes, ports).
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return pred();
+}
+
+class Binary : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() /
+          ("longhaul-op-" + std::to_string(::getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir);
+    server.start();
+    server.write_kubeconfig(dir / "kubeconfig", "default");
+    kubelet = std::make_unique<FakeKubelet>(server);
+  }
+  void TearDown() override {
+    kubelet->stop();
+    server.stop();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  bool wait(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
+    return server.wait_for(pred, timeout);
+  }
+  bool running(const std::string& n, size_t pods, int64_t attempt) {
+    return pods_running_at(server, n, pods, attempt) && job_status(server, n).phase == "Running";
+  }
+  std::string lease_holder() {
+    auto lease = server.try_get("leases.coordination.k8s.io", "default", "longhaul-operator");
+    return lease ? lease->value("spec", json::object()).value("holderIdentity", "") : "";
+  }
+
+  fs::path dir;
+  fakeapi::FakeApiServer server{server_options()};
+  std::unique_ptr<FakeKubelet> kubelet;
+};
+
+TEST_F(Binary, ServesMetricsAndProbesReconcilesAndStopsOnSigterm) {
+  OperatorProcess op(dir, "a", {"--leader-elect=false"});
+  ASSERT_TRUE(eventually([&] { return op.health("/healthz") == 200; }, 10s)) << op.log();
+  ASSERT_TRUE(eventually([&] { return op.health("/readyz") == 200; }, 10s)) << op.log();
+  server.create(kJobs, "default", job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); })) << op.log();
+  ASSERT_TRUE(eventually(
+      [&] {
+        return op.metrics().find("longhaul_operator_jobs{phase=\"Running\"} 1") !=
+               std::string::npos;
+      },
+      10s))
+      << op.metrics();
+  const std::string m = op.metrics();
+  for (const char* name :
+       {"longhaul_operator_reconciles_total{result=\"success\"}",
+        "longhaul_operator_reconcile_duration_seconds_bucket",
+        "longhaul_operator_api_requests_total{", "verb=\"create\"",
+        "longhaul_operator_workqueue_depth", "longhaul_operator_workqueue_latency_seconds_count",
+        "longhaul_operator_is_leader 1", "longhaul_operator_build_info{version=\"0.1.0\"} 1"}) {
+    EXPECT_NE(m.find(name), std::string::npos) << name;
+  }
+  op.kill(SIGTERM);
+  EXPECT_EQ(op.wait_exit(15s), 0) << op.log();
+  EXPECT_NE(op.log().find("longhaul-operator stopped"), std::string::npos);
+}
+
+TEST_F(Binary, KilledMidFlightAndRestartedMakesNoDuplicatesAndLosesNoJobs) {
+  auto op =
+      std::make_unique<OperatorProcess>(dir, "a", std::vector<std::string>{"--leader-elect=false"});
+  for (int i = 0; i < 5; ++i)
+    server.create(kJobs, "default", job_manifest("j" + std::to_string(i)));
+  ASSERT_TRUE(wait([&] {
+    return server.count_requests({.verb = "create", .resource = "pods"}) >= 5;
+  })) << op->log();
+  op->kill(SIGKILL);
+  op->wait_exit(10s);
+  op.reset();
+  op =
+      std::make_unique<OperatorProcess>(dir, "b", std::vector<std::string>{"--leader-elect=false"});
+  for (int i = 0; i < 5; ++i) {
+    const std::string n = "j" + std::to_string(i);
+    ASSERT_TRUE(wait([&] { return running(n, 3, 0); })) << n << "\n" << op->log();
+  }
+  EXPECT_EQ(server.count_requests({.verb = "create", .resource = "pods", .status = 201}), 15u);
+  EXPECT_EQ(server.list("pods").size(), 15u);
+}
+
+TEST_F(Binary, TwoReplicasElectOneLeaderAndTheOtherTakesOverWhenItDies) {
+  const std::vector<std::string> election = {"--lease-duration=2", "--renew-deadline=1.5",
+                                             "--retry-period=0.2"};
+  auto a = std::make_unique<OperatorProcess>(dir, "a", election);
+  ASSERT_TRUE(wait([&] { return lease_holder() == "a"; }, 10s)) << a->log();
+  auto b = std::make_unique<OperatorProcess>(dir, "b", election);
+  ASSERT_TRUE(eventually([&] { return b->health("/readyz") == 200; }, 10s)) << b->log();
+  server.create(kJobs, "default", job_manifest("j1"));
+  ASSERT_TRUE(wait([&] { return running("j1", 3, 0); }));
+  EXPECT_EQ(lease_holder(), "a");
+  // The follower is ready (warm caches) but does not reconcile.
+  const std::string bm = b->metrics();
+  EXPECT_NE(bm.find("longhaul_operator_is_leader 0"), std::string::npos) << bm;
+  EXPECT_EQ(bm.find("longhaul_operator_reconciles_total{"), std::string::npos) << bm;
+
+  a->kill(SIGKILL);
+  a->wait_exit(10s);
+  ASSERT_TRUE(wait([&] { return lease_holder() == "b"; }, 15s)) << b->log();
+  server.create(kJobs, "default", job_manifest("j2"));
+  ASSERT_TRUE(wait([&] { return running("j2", 3, 0); })) << b->log();
+  EXPECT_TRUE(running("j1", 3, 0));
+  EXPECT_NE(b->metrics().find("longhaul_operator_is_leader 1"), std::string::npos);
+}
+
+TEST_F(Binary, SigtermReleasesTheLeaseForAFastTakeover) {
+  OperatorProcess a(dir, "a", {"--lease-duration=30", "--retry-period=0.2"});
+  ASSERT_TRUE(wait([&] { return lease_holder() == "a"; }, 10s)) << a.log();
+  a.kill(SIGTERM);
+  EXPECT_EQ(a.wait_exit(15s), 0) << a.log();
+  EXPECT_EQ(lease_holder(), "");
+  OperatorProcess b(dir, "b", {"--lease-duration=30", "--retry-period=0.2"});
+  EXPECT_TRUE(wait([&] { return lease_holder() == "b"; }, 5s)) << "b waited for a's 30 s lease";
+}
+
+}  // namespace
+}  // namespace longhaul::testing
