@@ -95,6 +95,31 @@ int64_t metadata_int(const supervisor::TensorSource& ckpt, const std::string& ke
 
 }  // namespace
 
+std::unique_ptr<model::PretrainedTensorReader> pretrained_reader(
+    const supervisor::TensorSource& source) {
+  return std::make_unique<TensorSourceReader>(source);
+}
+
+std::optional<model::GPT2Config> checkpoint_model_config(const supervisor::TensorSource& source) {
+  auto it = source.metadata().find("model_config");
+  if (it == source.metadata().end()) return std::nullopt;
+  try {
+    auto j = nlohmann::json::parse(it->second);
+    model::GPT2Config c;
+    c.vocab_size = j.at("vocab_size").get<int>();
+    c.context_length = j.at("context_length").get<int>();
+    c.n_layer = j.at("n_layer").get<int>();
+    c.n_head = j.at("n_head").get<int>();
+    c.n_embd = j.at("n_embd").get<int>();
+    c.validate();
+    return c;
+  } catch (const std::exception& e) {
+    throw CheckpointError(Code::kDataLoss, "checkpoint " + source.path() +
+                                               " has garbled model_config metadata '" + it->second +
+                                               "': " + e.what());
+  }
+}
+
 std::string model_config_json(const model::GPT2Config& c) {
   nlohmann::json j{{"vocab_size", c.vocab_size},
                    {"context_length", c.context_length},

@@ -122,6 +122,14 @@ class Trainer : public supervisor::TrainingState {
   std::vector<int32_t> inputs_, targets_;
 };
 
+// Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).
+std::unique_ptr<model::PretrainedTensorReader> pretrained_reader(
+    const supervisor::TensorSource& source);
+
+// The model shape a longhaul checkpoint's model_config metadata names, or nullopt when absent.
+// Throws CheckpointError when it is garbled.
+std::optional<model::GPT2Config> checkpoint_model_config(const supervisor::TensorSource& source);
+
 // The JSON the checkpoint's model_config metadata holds.
 std::string model_config_json(const model::GPT2Config& config);
 

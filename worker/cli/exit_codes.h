@@ -1,0 +1,38 @@
+// Exit codes of longhaul-worker. The operator's restart policy classifies pods by them (1-127
+// permanent, 128-255 retryable by default), so they are part of the interface:
+//
+//   0    finished: max_steps reached (final checkpoint committed), or eval/inspect/prepare-data
+//        succeeded
+//   1    other permanent error (unwritable logdir, metrics port busy, internal error)
+//   2    bad usage or bad config: unknown flag, missing/garbled config file, unknown key, bad
+//        value (the message names the key and the file)
+//   3    bad data: no file matches a glob, wrong shard magic/version, truncated shard, token id
+//        outside the vocabulary, too little data for one batch
+//   4    incompatible or corrupt checkpoint: a checkpoint of another model shape (the message
+//        names the first mismatched tensor), a garbled checkpoint given to eval, an unusable
+//        checkpoint.init_from file
+//   130  stopped by SIGINT (Ctrl-C) after the final checkpoint was committed
+//   138  aborted: a peer was lost or a collective failed; retry the whole group
+//   143  stopped by SIGTERM (preemption) after the final checkpoint was committed
+//
+// A corrupt or truncated LATEST checkpoint is not an error: training falls back to the previous
+// valid one with a WARNING naming the file.
+#pragma once
+
+#include <exception>
+
+namespace longhaul::cli {
+
+inline constexpr int kExitFinished = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitBadData = 3;
+inline constexpr int kExitBadCheckpoint = 4;
+inline constexpr int kExitInterrupted = 130;
+inline constexpr int kExitAborted = 138;
+inline constexpr int kExitTerminated = 143;
+
+// Logs the error (one ERROR line with its kind and message) and returns its exit code.
+int report_error(std::exception_ptr error);
+
+}  // namespace longhaul::cli

@@ -1,0 +1,182 @@
+// `longhaul-worker inspect LOGDIR`: checkpoints (step, size, validity), the state file's latest,
+// events files, and what a restart would restore. Reads only; never modifies the logdir.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "exit_codes.h"
+#include "longhaul/base/error.h"
+#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/checkpoint_state.h"
+#include "longhaul/supervisor/safetensors.h"
+
+namespace longhaul::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string human_bytes(uint64_t b) {
+  char buf[32];
+  if (b >= (1ull << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  } else if (b >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  }
+  return buf;
+}
+
+json tensor_list(const supervisor::SafetensorsReader& r) {
+  json tensors = json::array();
+  for (const auto& spec : r.specs()) {
+    tensors.push_back({{"name", spec.name},
+                       {"dtype", std::string(supervisor::dtype_name(spec.dtype))},
+                       {"shape", spec.shape}});
+  }
+  return tensors;
+}
+
+}  // namespace
+
+int run_inspect(const InspectArgs& args) {
+  const fs::path logdir = args.logdir;
+  std::error_code ec;
+  if (!fs::is_directory(logdir, ec)) {
+    throw InvalidArgument("logdir " + logdir.string() + " does not exist or is not a directory");
+  }
+  json out;
+  out["logdir"] = logdir.string();
+
+  // State file.
+  json state = {{"exists", fs::exists(logdir / supervisor::kCheckpointStateFile)}};
+  std::vector<std::string> listed;
+  try {
+    if (auto st = supervisor::read_checkpoint_state(logdir)) {
+      state["latest"] = st->model_checkpoint_path;
+      state["all"] = st->all_model_checkpoint_paths;
+      listed = st->all_model_checkpoint_paths;
+    }
+  } catch (const Error& e) {
+    state["error"] = e.what();
+  }
+  out["state_file"] = state;
+
+  // Every checkpoint file, verified.
+  const std::regex ckpt_re(R"(model\.ckpt-(\d+)\.safetensors)");
+  const std::regex events_re(R"(events\.out\.tfevents\..*)");
+  json checkpoints = json::array();
+  json events = json::array();
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(logdir)) files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& path : files) {
+    const std::string name = path.filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, ckpt_re)) {
+      json c = {{"file", name},
+                {"step", std::stoll(m[1].str())},
+                {"bytes", fs::file_size(path, ec)},
+                {"listed", std::find(listed.begin(), listed.end(),
+                                     supervisor::checkpoint_prefix_for(path)) != listed.end()}};
+      try {
+        supervisor::SafetensorsReader r(
+            path, supervisor::SafetensorsReader::Options{.require_checksums = true});
+        r.verify_all();
+        c["valid"] = true;
+        c["tensors"] = r.specs().size();
+      } catch (const Error& e) {
+        c["valid"] = false;
+        c["error"] = e.what();
+      }
+      checkpoints.push_back(c);
+    } else if (std::regex_match(name, events_re)) {
+      events.push_back({{"file", name}, {"bytes", fs::file_size(path, ec)}});
+    }
+  }
+  std::sort(checkpoints.begin(), checkpoints.end(),
+            [](const json& a, const json& b) { return a["step"] < b["step"]; });
+  out["checkpoints"] = checkpoints;
+  out["events_files"] = events;
+
+  // What a restart would restore (the supervisor's own rule).
+  supervisor::CheckpointManagerOptions mo;
+  mo.logdir = logdir;
+  mo.remove_temp_files = false;
+  supervisor::CheckpointManager manager(mo);
+  if (auto latest = manager.latest()) {
+    out["latest_step"] = supervisor::checkpoint_step(latest->filename().string()).value_or(-1);
+  }
+  std::vector<fs::path> skipped;
+  if (auto reader = manager.latest_valid(&skipped)) {
+    json restore = {{"file", fs::path(reader->path()).filename().string()},
+                    {"step", reader->global_step()}};
+    json md = json::object();
+    for (const auto& [k, v] : reader->metadata()) {
+      if (k != supervisor::kCrc32cMetadataKey) md[k] = v;
+    }
+    restore["metadata"] = md;
+    if (args.tensors) restore["tensors"] = tensor_list(*reader);
+    out["restore"] = restore;
+  } else {
+    out["restore"] = nullptr;
+  }
+  json skipped_names = json::array();
+  for (const auto& s : skipped) skipped_names.push_back(s.filename().string());
+  out["skipped"] = skipped_names;
+
+  if (args.json) {
+    std::cout << out.dump(2) << "\n";
+    return kExitFinished;
+  }
+  std::cout << "logdir " << logdir.string() << "\n";
+  if (!state["exists"].get<bool>()) {
+    std::cout << "state file: none\n";
+  } else if (state.contains("error")) {
+    std::cout << "state file: GARBLED (" << state["error"].get<std::string>() << ")\n";
+  } else {
+    std::cout << "state file: latest " << state.value("latest", std::string("<none>")) << ", "
+              << listed.size() << " listed\n";
+  }
+  std::cout << "checkpoints (" << checkpoints.size() << "):\n";
+  std::printf("  %10s  %10s  %-6s  %-5s  %s\n", "STEP", "SIZE", "LISTED", "VALID", "FILE");
+  for (const auto& c : checkpoints) {
+    std::printf("  %10lld  %10s  %-6s  %-5s  %s%s\n", c["step"].get<long long>(),
+                human_bytes(c["bytes"].get<uint64_t>()).c_str(),
+                c["listed"].get<bool>() ? "yes" : "no", c["valid"].get<bool>() ? "ok" : "NO",
+                c["file"].get<std::string>().c_str(),
+                c.contains("error") ? ("  (" + c["error"].get<std::string>() + ")").c_str() : "");
+  }
+  if (out.contains("latest_step")) std::cout << "latest step: " << out["latest_step"] << "\n";
+  std::cout << "events files (" << events.size() << "):\n";
+  for (const auto& e : events) {
+    std::printf("  %10s  %s\n", human_bytes(e["bytes"].get<uint64_t>()).c_str(),
+                e["file"].get<std::string>().c_str());
+  }
+  if (out["restore"].is_null()) {
+    std::cout << "a restart would start from scratch (no valid checkpoint)\n";
+  } else {
+    const auto& r = out["restore"];
+    std::cout << "a restart would restore " << r["file"].get<std::string>() << " (step "
+              << r["step"] << ")";
+    if (!skipped.empty()) std::cout << ", skipping " << skipped_names.dump();
+    std::cout << "\n";
+    for (const auto& [k, v] : r["metadata"].items()) {
+      std::cout << "  " << k << ": " << v.get<std::string>() << "\n";
+    }
+    if (args.tensors) {
+      for (const auto& t : r["tensors"]) {
+        std::cout << "  tensor " << t["name"].get<std::string>() << " "
+                  << t["dtype"].get<std::string>() << " " << t["shape"].dump() << "\n";
+      }
+    }
+  }
+  return kExitFinished;
+}
+
+}  // namespace longhaul::cli

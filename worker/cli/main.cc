@@ -1,0 +1,95 @@
+// longhaul-worker: the training program. Subcommands:
+//   train         train a GPT-2 model under the supervisor (checkpoints, resume, events, metrics)
+//   eval          mean loss of a checkpoint over token shards
+//   inspect       what a logdir holds and what a restart would restore
+//   prepare-data  text files -> byte-level token shards
+// `longhaul-worker <command> --help` describes each; exit codes are listed in exit_codes.h.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "exit_codes.h"
+
+int main(int argc, char** argv) {
+  using namespace longhaul::cli;
+  CLI::App app{
+      "longhaul-worker: GPT-2 training that survives crashes, preemptions and restarts.\n"
+      "Exit codes: 0 finished, 1 other error, 2 bad usage/config, 3 bad data,\n"
+      "4 incompatible/corrupt checkpoint, 130 SIGINT, 138 aborted (retry), 143 SIGTERM.",
+      "longhaul-worker"};
+  app.set_version_flag("--version", "longhaul-worker " + version_string());
+  app.require_subcommand(1);
+
+  TrainArgs train;
+  auto* train_cmd = app.add_subcommand(
+      "train",
+      "Train under the supervisor. With no --config: the tiny preset on the embedded demo "
+      "corpus. Resumes from the logdir's latest valid checkpoint. SIGTERM/SIGINT: final "
+      "checkpoint, then exit 143/130.");
+  train_cmd->add_option("--config,-c", train.config, "YAML config (see examples/worker-tiny.yaml)");
+  train_cmd->add_option("--logdir", train.logdir,
+                        "checkpoints + events (default: $LONGHAUL_LOGDIR, the config's logdir, "
+                        "or runs/<preset>)");
+  train_cmd->add_option("--set", train.sets, "override a config key: --set training.max_steps=50")
+      ->allow_extra_args(false);
+  train_cmd
+      ->add_option("--metrics-port", train.metrics_port,
+                   "Prometheus /metrics port (0 disables; default: the config's)")
+      ->check(CLI::Range(0, 65535));
+
+  EvalArgs eval;
+  auto* eval_cmd = app.add_subcommand("eval", "Print the mean loss of a checkpoint over shards.");
+  eval_cmd->add_option("--checkpoint", eval.checkpoint, "a model.ckpt-<step>.safetensors file")
+      ->required();
+  eval_cmd->add_option("--data", eval.data, "glob of token shards, e.g. 'data/val_*.bin'")
+      ->required();
+  eval_cmd->add_option("--config,-c", eval.config, "config for batch_size/seq_len");
+  eval_cmd->add_option("--set", eval.sets, "override a config key")->allow_extra_args(false);
+  eval_cmd->add_option("--batches", eval.batches, "at most this many batches (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  eval_cmd->add_flag("--json", eval.json, "print one JSON object");
+
+  InspectArgs inspect;
+  auto* inspect_cmd = app.add_subcommand(
+      "inspect",
+      "List checkpoints (step, size, validity), events files, and what a restart "
+      "would restore.");
+  inspect_cmd->add_option("logdir", inspect.logdir, "the logdir")->required();
+  inspect_cmd->add_flag("--json", inspect.json, "print one JSON object");
+  inspect_cmd->add_flag("--tensors", inspect.tensors,
+                        "also list the tensors of the checkpoint a restart would restore");
+
+  PrepareArgs prepare;
+  auto* prepare_cmd = app.add_subcommand(
+      "prepare-data",
+      "Turn text files into byte-level token shards (vocab 256): "
+      "train_NNNNNN.bin and val_NNNNNN.bin (the last --val-fraction of the text).");
+  prepare_cmd->add_option("--input,-i", prepare.inputs, "text files, concatenated in order")
+      ->required()
+      ->check(CLI::ExistingFile);
+  prepare_cmd->add_option("--output-dir,-o", prepare.output_dir, "where the shards go")->required();
+  prepare_cmd
+      ->add_option("--val-fraction", prepare.val_fraction,
+                   "fraction of the bytes for validation, in [0, 1) (default 0.05)")
+      ->check(CLI::Range(0.0, 0.999999));
+  prepare_cmd
+      ->add_option("--shard-tokens", prepare.shard_tokens, "tokens per shard (default 10000000)")
+      ->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help/version (rc 0) or the error
+    return rc == 0 ? kExitFinished : kExitUsage;
+  }
+  try {
+    if (*train_cmd) return run_train(train);
+    if (*eval_cmd) return run_eval(eval);
+    if (*inspect_cmd) return run_inspect(inspect);
+    if (*prepare_cmd) return run_prepare(prepare);
+  } catch (...) {
+    return report_error(std::current_exception());
+  }
+  return kExitUsage;
+}

@@ -1,0 +1,35 @@
+// `longhaul-worker prepare-data`: text -> byte-level token shards.
+#include <cstdio>
+
+#include "commands.h"
+#include "exit_codes.h"
+#include "longhaul/base/error.h"
+#include "longhaul/data/prepare.h"
+
+namespace longhaul::cli {
+
+int run_prepare(const PrepareArgs& args) {
+  data::PrepareOptions o;
+  for (const auto& in : args.inputs) o.inputs.emplace_back(in);
+  o.output_dir = args.output_dir;
+  o.val_fraction = args.val_fraction;
+  o.shard_tokens = static_cast<size_t>(args.shard_tokens);
+  data::PrepareResult r;
+  try {
+    r = data::prepare_text_shards(o);
+  } catch (const Error& e) {
+    if (e.code() == Code::kInvalidArgument) throw;                    // bad flags: exit 2
+    if (e.code() == Code::kPermissionDenied) throw;                   // output dir: exit 1
+    throw InvalidArgument(std::string("prepare-data: ") + e.what());  // unreadable input
+  }
+  std::printf("wrote %zu train shard(s) (%llu tokens) and %zu val shard(s) (%llu tokens) to %s\n",
+              r.train_shards.size(), static_cast<unsigned long long>(r.train_tokens),
+              r.val_shards.size(), static_cast<unsigned long long>(r.val_tokens),
+              args.output_dir.c_str());
+  std::printf(
+      "train with: --set data.train='%s/train_*.bin'%s\n", args.output_dir.c_str(),
+      r.val_shards.empty() ? "" : (" --set data.val='" + args.output_dir + "/val_*.bin'").c_str());
+  return kExitFinished;
+}
+
+}  // namespace longhaul::cli

@@ -1,0 +1,99 @@
+// `longhaul-worker train`: config -> metrics -> run_training -> exit code.
+#include <csignal>
+#include <cstdlib>
+
+#include "commands.h"
+#include "exit_codes.h"
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/trainer/run.h"
+#include "longhaul/worker_metrics/worker_metrics.h"
+
+namespace longhaul::cli {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1'000'000) {
+    throw InvalidArgument(std::string("environment variable ") + name + "='" + v +
+                          "' is not a non-negative integer");
+  }
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+std::string version_string() { return std::string(LONGHAUL_VERSION) + " (cpu)"; }
+
+int run_train(const TrainArgs& args) {
+  // 1. Config (every problem here is exit 2).
+  trainer::RunOptions run;
+  try {
+    run.config = trainer::load_config(args.config, args.sets);
+    trainer::model_config_for(run.config);  // a bad model shape is a config error
+    run.rank = env_int("LONGHAUL_RANK", 0);
+    run.world_size = env_int("LONGHAUL_WORLD_SIZE", 1);
+    if (run.world_size < 1 || run.rank >= run.world_size) {
+      throw InvalidArgument("LONGHAUL_RANK " + std::to_string(run.rank) +
+                            " is outside LONGHAUL_WORLD_SIZE " + std::to_string(run.world_size));
+    }
+  } catch (const Error& e) {
+    throw InvalidArgument(e.what());
+  }
+  if (!args.logdir.empty()) {
+    run.logdir = args.logdir;
+  } else if (const char* env = std::getenv("LONGHAUL_LOGDIR"); env != nullptr && *env) {
+    run.logdir = env;
+  } else if (!run.config.logdir.empty()) {
+    run.logdir = run.config.logdir;
+  } else {
+    run.logdir = "runs/" + run.config.model.preset;
+  }
+  if (run.world_size > 1) {
+    LH_LOG(WARNING) << "data-parallel gradient averaging is not built into this worker yet: each "
+                       "replica trains on its own data shard and only the chief checkpoints"
+                    << kv("rank", run.rank) << kv("world_size", run.world_size);
+  }
+  if (const char* attempt = std::getenv("LONGHAUL_RESTART_ATTEMPT")) {
+    LH_LOG(INFO) << "restart attempt" << kv("attempt", attempt);
+  }
+
+  // 2. Metrics.
+  const int port = args.metrics_port >= 0 ? args.metrics_port : run.config.metrics_port;
+  worker_metrics::WorkerMetrics metrics(run.rank, run.rank == 0, LONGHAUL_VERSION, "cpu");
+  if (port > 0) {
+    metrics.serve(port);
+    LH_LOG(INFO) << "serving Prometheus metrics" << kv("port", metrics.port());
+  }
+  run.checkpoint_listeners.push_back(&metrics);
+  run.on_step = [&](const trainer::StepStats& s) {
+    metrics.on_step(s.step, s.loss, s.learning_rate, s.grad_norm, s.tokens, s.seconds);
+  };
+  run.on_session_start = [&](int64_t step, bool) { metrics.set_global_step(step); };
+
+  // 3. Train.
+  const trainer::RunResult result = trainer::run_training(run);
+  if (result.signal == SIGTERM) {
+    LH_LOG(INFO) << "stopped by SIGTERM; final checkpoint committed"
+                 << kv("step", result.final_step);
+    return kExitTerminated;
+  }
+  if (result.signal == SIGINT) {
+    LH_LOG(INFO) << "stopped by SIGINT; final checkpoint committed"
+                 << kv("step", result.final_step);
+    return kExitInterrupted;
+  }
+  if (result.signal != 0) return 128 + result.signal;
+  if (result.final_step < run.config.training.max_steps) {
+    // The session ended early without a signal (e.g. OutOfRange): treat it as finished.
+    LH_LOG(WARNING) << "training stopped before max_steps" << kv("step", result.final_step);
+  }
+  LH_LOG(INFO) << "training finished" << kv("step", result.final_step)
+               << kv("logdir", run.logdir.string());
+  return kExitFinished;
+}
+
+}  // namespace longhaul::cli
