@@ -246,7 +246,7 @@ int run(const Args& args) {
   const double used_gib = static_cast<double>(total_bytes - free_after) / 1073741824.0;
 
   // Checkpoint stall: the snapshot of parameters and both moments into host buffers (as the
-  // supervisor's Snapshot holds them), first call (page-locks the buffers) and a later one.
+  // supervisor's Snapshot holds them), first call (allocates the pinned staging) and a later one.
   std::vector<longhaul::model::NamedTensor> tensors = model->named_parameters();
   for (const auto& t : model->named_optimizer_state()) tensors.push_back(t);
   std::vector<std::vector<std::byte>> buffers;

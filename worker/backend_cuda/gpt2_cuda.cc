@@ -29,6 +29,8 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -58,9 +60,10 @@ using model::NamedTensor;
 
 constexpr int kVocabPadding = 128;
 constexpr size_t kAlignment = 256;  // every activation buffer starts 256-byte aligned
-// Snapshot destinations at least this large are page-locked in place (large heap blocks are
-// their own mappings, so registering them cannot collide with unrelated data).
-constexpr size_t kMinRegisteredBytes = size_t{1} << 20;
+// Snapshot copies are grouped into stretches of about this many bytes; the host copies a stretch
+// out of the pinned staging buffer while the GPU still transfers the next ones.
+constexpr size_t kSnapshotGroupBytes = size_t{64} << 20;
+constexpr int kSnapshotCopyThreads = 8;
 
 // Indices of a block's tensors, Hugging Face order (as language_model.h lists them).
 enum BlockTensor {
@@ -464,8 +467,18 @@ class GPT2Cuda final : public CudaModel {
   float* host_scalar_ = nullptr;    // pinned (2)
   std::unique_ptr<k::Matmul> matmul_;
   Buffers buf_;
-  // Host ranges page-locked for snapshots (size 0: registration failed, copied staged).
-  std::map<const std::byte*, size_t> registered_;
+  // Snapshot staging: pinned host memory the device-to-host copies land in, then the host copy
+  // plan run by wait_snapshot(). One event per group of copies (see kSnapshotGroupBytes).
+  struct PendingCopy {
+    size_t staging_offset;
+    std::span<std::byte> host_dst;
+    size_t group;
+  };
+  std::byte* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  std::vector<cudaEvent_t> group_events_;
+  std::vector<PendingCopy> pending_copies_;
+  size_t pending_groups_ = 0;
 
   void release() noexcept;
 };
@@ -513,10 +526,10 @@ void GPT2Cuda::release() noexcept {
   // Errors are ignored here: this runs on error paths and in destructors.
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (snapshot_stream_ != nullptr) cudaStreamSynchronize(snapshot_stream_);
-  for (const auto& [pointer, size] : registered_) {
-    if (size != 0) cudaHostUnregister(const_cast<std::byte*>(pointer));
-  }
-  registered_.clear();
+  for (cudaEvent_t event : group_events_) cudaEventDestroy(event);
+  group_events_.clear();
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  staging_ = nullptr;
   matmul_.reset();
   if (host_scalar_ != nullptr) cudaFreeHost(host_scalar_);
   if (host_tokens_ != nullptr) cudaFreeHost(host_tokens_);
@@ -855,10 +868,8 @@ void GPT2Cuda::wait_for_snapshot_on_device() {
 
 void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
   activate();
-  wait_snapshot();  // never two snapshots in flight into the same buffers
-  // Page-lock the destination buffers in place. Registrations of buffers that are no longer
-  // used are dropped first (their memory may have been freed and reused).
-  std::map<const std::byte*, size_t> wanted;
+  wait_snapshot();  // never two snapshots in flight
+  size_t total = 0;
   for (const HostCopy& c : copies) {
     if (c.device_src == nullptr || c.host_dst.size() % sizeof(float) != 0 ||
         owning_buffer(c.device_src, c.host_dst.size() / sizeof(float)) == nullptr) {
@@ -866,40 +877,41 @@ void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
           "CUDA model snapshot: each copy must read a span of the model's "
           "buffers into a host buffer of a whole number of floats");
     }
-    // Small buffers share pages with other heap data: copy those through the driver's staging.
-    if (c.host_dst.size() >= kMinRegisteredBytes) wanted[c.host_dst.data()] = c.host_dst.size();
+    total += c.host_dst.size();
   }
-  for (auto it = registered_.begin(); it != registered_.end();) {
-    auto w = wanted.find(it->first);
-    if (w == wanted.end() || (w->second != it->second && it->second != 0)) {
-      if (it->second != 0) cudaHostUnregister(const_cast<std::byte*>(it->first));
-      (void)cudaGetLastError();
-      it = registered_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (const auto& [pointer, size] : wanted) {
-    if (registered_.count(pointer) != 0) continue;
-    if (cudaHostRegister(const_cast<std::byte*>(pointer), size, cudaHostRegisterDefault) ==
-        cudaSuccess) {
-      registered_[pointer] = size;
-    } else {
-      // Still correct, only slower (staged copies). Remembered with size 0 so that it is neither
-      // retried nor unregistered while the buffer is reused.
-      (void)cudaGetLastError();
-      registered_[pointer] = 0;
-      LH_LOG(WARNING) << "could not page-lock a snapshot buffer; it is copied through staging"
-                      << kv("bytes", size);
-    }
+  if (total > staging_bytes_) {
+    // Grown once to the size of a full snapshot, then reused.
+    if (staging_ != nullptr) LH_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    LH_CUDA_CHECK(cudaMallocHost(&staging_, total));
+    staging_bytes_ = total;
   }
   LH_CUDA_CHECK(cudaEventRecord(step_boundary_, stream_));
   LH_CUDA_CHECK(cudaStreamWaitEvent(snapshot_stream_, step_boundary_, 0));
+  pending_copies_.clear();
+  size_t offset = 0, group = 0, group_bytes = 0;
+  auto close_group = [&]() {
+    if (group >= group_events_.size()) {
+      cudaEvent_t event = nullptr;
+      LH_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      group_events_.push_back(event);
+    }
+    LH_CUDA_CHECK(cudaEventRecord(group_events_[group], snapshot_stream_));
+    ++group;
+    group_bytes = 0;
+  };
   for (const HostCopy& c : copies) {
     if (c.host_dst.empty()) continue;
-    LH_CUDA_CHECK(cudaMemcpyAsync(c.host_dst.data(), c.device_src, c.host_dst.size(),
+    LH_CUDA_CHECK(cudaMemcpyAsync(staging_ + offset, c.device_src, c.host_dst.size(),
                                   cudaMemcpyDeviceToHost, snapshot_stream_));
+    pending_copies_.push_back(PendingCopy{offset, c.host_dst, group});
+    offset += c.host_dst.size();
+    group_bytes += c.host_dst.size();
+    if (group_bytes >= kSnapshotGroupBytes) close_group();
   }
+  if (group_bytes > 0 || group == 0) close_group();
+  pending_groups_ = group;
   LH_CUDA_CHECK(cudaEventRecord(snapshot_done_, snapshot_stream_));
   snapshot_pending_ = true;
 }
@@ -907,7 +919,39 @@ void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
 void GPT2Cuda::wait_snapshot() {
   activate();
   if (!snapshot_pending_) return;
+  // Copy each group out of the staging buffer as soon as its transfers are done, spreading the
+  // group's bytes over a few threads (a single thread copies ~5-10 GB/s, PCIe delivers ~25).
+  for (size_t group = 0; group < pending_groups_; ++group) {
+    LH_CUDA_CHECK(cudaEventSynchronize(group_events_[group]));
+    std::vector<std::pair<const std::byte*, std::span<std::byte>>> pieces;
+    for (const PendingCopy& c : pending_copies_) {
+      if (c.group != group) continue;
+      // Split large tensors so the threads share the work evenly.
+      constexpr size_t kPiece = size_t{4} << 20;
+      for (size_t at = 0; at < c.host_dst.size(); at += kPiece) {
+        const size_t n = std::min(kPiece, c.host_dst.size() - at);
+        pieces.emplace_back(staging_ + c.staging_offset + at, c.host_dst.subspan(at, n));
+      }
+    }
+    auto work = [&pieces](size_t first, size_t stride) {
+      for (size_t i = first; i < pieces.size(); i += stride) {
+        std::memcpy(pieces[i].second.data(), pieces[i].first, pieces[i].second.size());
+      }
+    };
+    const size_t helpers = std::min<size_t>(kSnapshotCopyThreads - 1, pieces.size() / 2);
+    const size_t stride = helpers + 1;
+    std::vector<std::thread> threads;
+    try {
+      for (size_t t = 1; t <= helpers; ++t) threads.emplace_back(work, t, stride);
+    } catch (const std::system_error&) {
+      // Fewer threads than wanted: this thread takes over the shares of those not started.
+    }
+    work(0, stride);
+    for (size_t t = threads.size() + 1; t <= helpers; ++t) work(t, stride);
+    for (std::thread& thread : threads) thread.join();
+  }
   LH_CUDA_CHECK(cudaEventSynchronize(snapshot_done_));
+  pending_copies_.clear();
   snapshot_pending_ = false;
 }
 

@@ -263,7 +263,7 @@ TEST(CudaGpt2Test, SnapshotIsTheStateAtTheStepBoundary) {
     snapshot_params.insert(snapshot_params.end(), p, p + tensors[i].numel());
   }
   EXPECT_EQ(snapshot_params, expected_params) << "the snapshot is not the step-1 parameters";
-  // A second snapshot into the same (now registered) buffers sees step 2.
+  // A second snapshot into the same buffers (staging reused) sees step 2.
   gpu->snapshot_to_host(copies);
   gpu->wait_snapshot();
   const std::vector<float> now = host_copy(*gpu, gpu->parameters_flat());

@@ -70,9 +70,11 @@ __global__ void adamw_kernel(bf16* __restrict__ params,        // (n)
 }
 
 // One block per chunk.
-__global__ void adamw_chunks_kernel(bf16* __restrict__ params, float* __restrict__ master,
-                                    const float* __restrict__ grads, float* __restrict__ m,
-                                    float* __restrict__ v,
+__global__ void adamw_chunks_kernel(bf16* __restrict__ params,              // (P + padding)
+                                    float* __restrict__ master,             // (P)
+                                    const float* __restrict__ grads,        // (P)
+                                    float* __restrict__ m,                  // (P)
+                                    float* __restrict__ v,                  // (P)
                                     const AdamWChunk* __restrict__ chunks,  // (gridDim.x)
                                     Constants k) {
   const AdamWChunk chunk = chunks[blockIdx.x];

@@ -58,13 +58,18 @@ class CudaModel : public model::LanguageModel {
   virtual void upload(std::span<const float> host_src, std::span<float> device_dst) = 0;
 
   // Asynchronous checkpoint snapshot at a step boundary: enqueues device-to-host copies on a
-  // side stream, ordered after all work issued so far (the last optimizer step), and returns at
-  // once. Host buffers are page-locked in place with cudaHostRegister the first time they are
-  // seen (kept registered while they are reused, as the supervisor's Snapshot buffers are), so
-  // the copies run at full PCIe bandwidth without a staging copy. forward/backward of the next
-  // step may overlap the copy; the next optimizer_step() or upload() waits for it on the device.
+  // side stream, ordered after all work issued so far (the last optimizer step), into a pinned
+  // staging buffer the model owns (allocated on the first call, sized for the copies, reused),
+  // and returns at once. forward/backward of the next step may overlap the transfer; the next
+  // optimizer_step() or upload() waits for it on the device. The caller's buffers (any host
+  // memory: the supervisor's Snapshot vectors) are written by wait_snapshot() and must stay
+  // alive until it returns. (Registering the caller's buffers with cudaHostRegister instead would
+  // save the host copy, but a buffer freed and reallocated at the same address would then be
+  // written through a stale registration.)
   virtual void snapshot_to_host(std::span<const HostCopy> copies) = 0;
-  // Blocks until the last snapshot_to_host's copies are in host memory (consistent, one step).
+  // Copies the snapshot into the caller's buffers as its transfers complete (64 MB groups, a
+  // few threads per group, overlapping the remaining transfer) and returns when all of it is
+  // there: the buffers then hold one consistent step.
   virtual void wait_snapshot() = 0;
 };
 
