@@ -25,13 +25,19 @@
 //
 // managed_session(state, body), on the chief:
 //   1. restore the latest valid checkpoint (CheckpointManager::latest_valid: corrupt ones are
-//      skipped with a WARNING); if there is none, state.initialize() then init_fn;
+//      skipped with a WARNING; one of another shape fails with FailedPrecondition naming the
+//      first mismatched tensor, via check_compatible); if the logdir has none,
+//      state.initialize() then init_fn. If checkpoints exist but all are corrupt: DataLoss
+//      (training never silently restarts from step 0 over a damaged logdir);
 //   2. local_init_fn, then the readiness check (ready_check, default state.uninitialized()):
 //      FailedPrecondition listing what is not initialised;
 //   3. open a new events file, write SessionLog START at the restored step, start the services:
 //      checkpoint service (every save_model_secs it marks a checkpoint due; the snapshot is taken
-//      by the training thread at the next step_boundary(), never by the service thread), summary
-//      service (every save_summaries_secs: summary_fn, then flush), step counter
+//      by the training thread at the next step_boundary(), never by the service thread; while a
+//      write is still in flight a due periodic save waits for a later boundary, a requested one
+//      is queued, see AsyncCheckpointer; the snapshot slot is allocated here, not at the first
+//      checkpoint), summary service (every save_summaries_secs: summary_fn, then flush), step
+//      counter
 //      (`global_step/sec` every save_summaries_secs), and loops added with loop();
 //   4. run body; an exception from body or any service requests a stop with that error;
 //   5. when body returns or throws a clean stop (OutOfRange, Cancelled) and
