@@ -350,6 +350,11 @@ TEST(Supervisor, SummaryServiceStepCounterAndScalarsReachTheEventsFile) {
       ASSERT_LT(std::chrono::steady_clock::now(), deadline);
       state.train_step();
       sv.add_scalar("loss", 0.5, state.global_step());
+      tensorboard::Summary summary;
+      auto* v = summary.add_value();
+      v->set_tag("computed_in_loop");
+      v->set_simple_value(2.0f);
+      sv.summary_computed(summary, state.global_step());
       sv.step_boundary(state.global_step());
     }
   });
@@ -360,6 +365,7 @@ TEST(Supervisor, SummaryServiceStepCounterAndScalarsReachTheEventsFile) {
   }
   EXPECT_TRUE(tags.contains("loss"));
   EXPECT_TRUE(tags.contains("from_summary_fn"));
+  EXPECT_TRUE(tags.contains("computed_in_loop"));
   EXPECT_TRUE(tags.contains("global_step/sec"));
 }
 
