@@ -432,7 +432,10 @@ class GPT2Cuda final : public CudaModel {
   float* grad(int layer, BlockTensor index) const { return grad(block_tensor(layer, index)); }
 
   void check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const;
-  void upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T, bool buckets);
+  void upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T);
+  // Groups the inputs by token for the embedding backward and queues the upload; called while
+  // the GPU runs the forward pass.
+  void upload_token_buckets(const int32_t* inputs, int B, int T);
   void forward(int B, int T);
   void backward(int B, int T);
   float mean_loss(int N);
@@ -624,8 +627,7 @@ void GPT2Cuda::check_inputs(const int32_t* inputs, const int32_t* targets, int B
   }
 }
 
-void GPT2Cuda::upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T,
-                             bool buckets) {
+void GPT2Cuda::upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T) {
   // The pinned staging area is free: every previous call ended with a stream synchronisation.
   const size_t N = static_cast<size_t>(B) * T;
   const size_t maxN = static_cast<size_t>(shape_.B) * shape_.T;
@@ -637,7 +639,11 @@ void GPT2Cuda::upload_tokens(const int32_t* inputs, const int32_t* targets, int 
       cudaMemcpyAsync(buf_.inputs, h_inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   LH_CUDA_CHECK(cudaMemcpyAsync(buf_.targets, h_targets, N * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream_));
-  if (!buckets) return;
+}
+
+void GPT2Cuda::upload_token_buckets(const int32_t* inputs, int B, int T) {
+  const size_t N = static_cast<size_t>(B) * T;
+  const size_t maxN = static_cast<size_t>(shape_.B) * shape_.T;
   const k::TokenBuckets b = k::bucket_tokens(inputs, static_cast<int>(N));
   int32_t* h_unique = host_tokens_ + 2 * maxN;
   int32_t* h_offsets = host_tokens_ + 3 * maxN;
@@ -766,8 +772,9 @@ float GPT2Cuda::forward_backward(const int32_t* inputs, const int32_t* targets, 
   activate();
   check_inputs(inputs, targets, B, T);
   const int N = B * T;
-  upload_tokens(inputs, targets, B, T, /*buckets=*/true);
+  upload_tokens(inputs, targets, B, T);
   forward(B, T);
+  upload_token_buckets(inputs, B, T);  // host work overlapping the forward pass
   k::fused_classifier(buf_.logits, buf_.losses, buf_.targets, loss_scale / static_cast<float>(N), N,
                       shape_.V, shape_.Vp, /*write_dlogits=*/true, stream_);
   backward(B, T);
@@ -778,7 +785,7 @@ float GPT2Cuda::forward_loss(const int32_t* inputs, const int32_t* targets, int 
   activate();
   check_inputs(inputs, targets, B, T);
   const int N = B * T;
-  upload_tokens(inputs, targets, B, T, /*buckets=*/false);
+  upload_tokens(inputs, targets, B, T);
   forward(B, T);
   k::fused_classifier(buf_.logits, buf_.losses, buf_.targets, 0.0f, N, shape_.V, shape_.Vp,
                       /*write_dlogits=*/false, stream_);

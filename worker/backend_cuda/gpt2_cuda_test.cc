@@ -98,6 +98,30 @@ TEST(CudaAvailabilityTest, ExplainsWhyWhenUnavailable) {
   }
 }
 
+// Host-side sizing: runs on every machine with the CUDA backend built.
+TEST(CudaGpt2MemoryTest, FlashAttentionNeedsLessMemoryAndSizesGrowWithBatch) {
+#if LONGHAUL_HAVE_CUDA
+  const model::GPT2Config gpt2 = model::GPT2Config::preset("gpt2-124m");
+  const int64_t flash8 =
+      cuda_gpt2_memory_bytes(gpt2, 8, 1024, options_for(AttentionKernel::kFlash));
+  const int64_t flash16 =
+      cuda_gpt2_memory_bytes(gpt2, 16, 1024, options_for(AttentionKernel::kFlash));
+  const int64_t cublas16 =
+      cuda_gpt2_memory_bytes(gpt2, 16, 1024, options_for(AttentionKernel::kCublas));
+  // Parameters, gradients and two moments in fp32 alone are 16 bytes per parameter.
+  EXPECT_GT(flash8, 16 * gpt2.num_parameters());
+  EXPECT_GT(flash16, flash8);
+  // The cuBLAS path keeps (B, NH, T, T) probabilities per layer: 12 * 16 * 12 * 1024^2 * 2 bytes.
+  EXPECT_GT(cublas16 - flash16, int64_t{12} * 16 * 12 * 1024 * 1024 * 2);
+  model::GPT2Config four_heads = test_config();
+  four_heads.n_head = 4;
+  EXPECT_THROW(cuda_gpt2_memory_bytes(four_heads, kB, kT, options_for(AttentionKernel::kFlash)),
+               InvalidArgument);
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
 // The backend-independent transfer functions on the CPU model: runs on every machine.
 TEST(StateTransferTest, MovesCpuModelStateThroughHostBuffers) {
   const auto cpu = model::make_cpu_gpt2(test_config(), kB, kT);

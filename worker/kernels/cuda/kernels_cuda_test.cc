@@ -147,6 +147,18 @@ double relative_error(const std::vector<bf16>& a, const std::vector<float>& b) {
 #define EXPECT_CLOSE(gpu, cpu_ref, tolerance) \
   EXPECT_LT(relative_error(gpu, cpu_ref), tolerance) << "seed " << rng.seed()
 
+// Host code: runs on every machine.
+TEST(TokenBucketsTest, GroupsPositionsByTokenInAscendingOrder) {
+  const std::vector<int32_t> tokens = {5, 2, 5, 0, 2, 5, 9};
+  const TokenBuckets b = bucket_tokens(tokens.data(), static_cast<int>(tokens.size()));
+  EXPECT_EQ(b.unique_tokens, (std::vector<int32_t>{0, 2, 5, 9}));
+  EXPECT_EQ(b.offsets, (std::vector<int32_t>{0, 1, 3, 6, 7}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{3, 1, 4, 0, 2, 5, 6}));
+  const TokenBuckets empty = bucket_tokens(nullptr, 0);
+  EXPECT_TRUE(empty.unique_tokens.empty());
+  EXPECT_EQ(empty.offsets, (std::vector<int32_t>{0}));
+}
+
 TEST(EncoderTest, ForwardMatchesCpu) {
   SKIP_WITHOUT_GPU();
   Random rng;
