@@ -165,7 +165,32 @@ bool Connection::send_bytes(std::string_view data) {
   return true;
 }
 
+Connection::ReadStatus Connection::drain_tls() {
+  char buf[16384];
+  bool got = false;
+  for (;;) {
+    int m = SSL_read(ssl_, buf, sizeof(buf));
+    if (m > 0) {
+      in_.append(buf, static_cast<size_t>(m));
+      got = true;
+      continue;
+    }
+    int err = SSL_get_error(ssl_, m);
+    if (!flush_tls()) return ReadStatus::kEof;  // e.g. a key update answer
+    if (err == SSL_ERROR_WANT_READ) break;
+    ERR_clear_error();
+    return got ? ReadStatus::kData : ReadStatus::kEof;  // close_notify or a protocol error
+  }
+  return got ? ReadStatus::kData : ReadStatus::kNoData;
+}
+
 Connection::ReadStatus Connection::read_once() {
+  // Records that arrived together with earlier ones (e.g. a request right behind the handshake)
+  // are already in the read BIO: decrypt those before waiting on the socket.
+  if (ssl_ != nullptr && BIO_ctrl_pending(SSL_get_rbio(ssl_)) > 0) {
+    ReadStatus status = drain_tls();
+    if (status != ReadStatus::kNoData) return status;
+  }
   char buf[16384];
   ssize_t n;
   do {
@@ -177,20 +202,7 @@ Connection::ReadStatus Connection::read_once() {
     return ReadStatus::kData;
   }
   BIO_write(SSL_get_rbio(ssl_), buf, static_cast<int>(n));
-  bool got = false;
-  for (;;) {
-    int m = SSL_read(ssl_, buf, sizeof(buf));
-    if (m > 0) {
-      in_.append(buf, static_cast<size_t>(m));
-      got = true;
-      continue;
-    }
-    int err = SSL_get_error(ssl_, m);
-    if (!flush_tls()) return ReadStatus::kEof;  // e.g. a renegotiation/key update answer
-    if (err == SSL_ERROR_WANT_READ) break;
-    return got ? ReadStatus::kData : ReadStatus::kEof;  // close_notify or a protocol error
-  }
-  return got ? ReadStatus::kData : ReadStatus::kNoData;
+  return drain_tls();
 }
 
 bool Connection::fill() {

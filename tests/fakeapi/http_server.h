@@ -79,6 +79,7 @@ class Connection {
  private:
   enum class ReadStatus { kData, kNoData, kEof };
   ReadStatus read_once();  // one recv (blocking), appended (decrypted) to in_
+  ReadStatus drain_tls();  // decrypts what the read BIO holds into in_
   bool fill();             // blocks until more bytes arrive; false on EOF
   bool send_raw(std::string_view data);
   bool send_bytes(std::string_view data);

@@ -125,6 +125,7 @@ struct FakeApiServer::Impl {
   std::unique_ptr<http::Server> http;
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> watch_drop_interval_ms{0};
+  std::atomic<size_t> in_flight{0};
 
   std::mutex sleep_mu;
   std::condition_variable sleep_cv;
@@ -302,6 +303,8 @@ void FakeApiServer::Impl::send_json(http::Connection& connection, int status, co
   http::Headers headers = kJsonHeaders;
   headers.insert(headers.end(), extra.begin(), extra.end());
   record.status = status;
+  // Logged before the answer leaves, so a client holding the answer finds it in the log.
+  log_request(record);
   connection.send_response(status, headers, body.dump());
 }
 
@@ -335,6 +338,17 @@ std::optional<FaultRule> FakeApiServer::Impl::pick_fault(const std::string& verb
 }
 
 void FakeApiServer::Impl::handle(const http::Request& request, http::Connection& connection) {
+  struct InFlight {
+    Impl& impl;
+    explicit InFlight(Impl& i) : impl(i) {
+      ++impl.in_flight;
+      impl.notifier.bump();
+    }
+    ~InFlight() {
+      --impl.in_flight;
+      impl.notifier.bump();
+    }
+  } in_flight_guard(*this);
   RequestRecord record;
   record.method = request.method;
   record.path = request.path;
@@ -386,7 +400,6 @@ void FakeApiServer::Impl::handle(const http::Request& request, http::Connection&
                                       "on purpose (FaultRule)";
           send_error(connection, StatusError(fault->status, reason, message, details), record,
                      extra);
-          log_request(std::move(record));
           return;
         }
       }
@@ -409,7 +422,6 @@ void FakeApiServer::Impl::handle(const http::Request& request, http::Connection&
   } catch (const Error& error) {
     send_error(connection, StatusError(500, "InternalError", error.what()), record);
   }
-  log_request(std::move(record));
 }
 
 bool FakeApiServer::Impl::serve_non_resource(const http::Request& request,
@@ -418,6 +430,7 @@ bool FakeApiServer::Impl::serve_non_resource(const http::Request& request,
   if (p == "/healthz" || p == "/livez" || p == "/readyz" || p.rfind("/healthz/", 0) == 0 ||
       p.rfind("/livez/", 0) == 0 || p.rfind("/readyz/", 0) == 0) {
     record.status = 200;
+    log_request(record);
     connection.send_response(200, {{"Content-Type", "text/plain; charset=utf-8"}}, "ok");
     return true;
   }
@@ -636,12 +649,12 @@ void FakeApiServer::Impl::serve_watch(const http::Request& request, const Route&
     if (error.http_status() != 410) throw;
     // The real server answers 200 and sends the 410 Status as an ERROR event.
     record.status = 200;
+    log_request(record);
     if (connection.begin_chunked(200, headers)) {
       json event = {{"type", "ERROR"}, {"object", error.to_status()}};
       connection.write_chunk(event.dump() + "\n");
       connection.end_chunked();
     }
-    log_request(std::move(record));
     return;
   }
   struct Unwatch {
@@ -735,7 +748,7 @@ void FakeApiServer::start() {
       },
       impl_->tls ? impl_->tls->ctx() : nullptr);
   impl_->http->start(impl_->options.bind_address, impl_->options.port);
-  LH_LOG(INFO) << "fake API server listening" << kv("url", url());
+  LH_LOG(DEBUG) << "fake API server listening" << kv("url", url());
 }
 
 void FakeApiServer::stop() {
@@ -898,6 +911,8 @@ size_t FakeApiServer::count_requests(const RequestMatch& match) const {
   }
   return n;
 }
+
+size_t FakeApiServer::requests_in_flight() const { return impl_->in_flight.load(); }
 
 void FakeApiServer::clear_requests() {
   std::lock_guard<std::mutex> lock(impl_->log_mu);

@@ -251,6 +251,8 @@ class FakeApiServer {
   std::vector<RequestRecord> requests() const;
   size_t count_requests(const RequestMatch& match = {}) const;
   void clear_requests();
+  // Requests received and not yet answered (open watch streams included).
+  size_t requests_in_flight() const;
 
   // ---- fault injection ----
   int add_fault(const FaultRule& rule);  // returns an id for remove_fault
