@@ -1,0 +1,460 @@
+// End-to-end tests of longhaul-worker: each bad input gets its clear error and exit code and
+// leaves earlier checkpoints intact; exact resume after SIGTERM; corrupt-latest fallback;
+// pre-trained init; eval, inspect and prepare-data output; metrics over HTTP.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "longhaul/data/token_shard.h"
+#include "longhaul/supervisor/safetensors.h"
+#include "worker_process.h"
+
+namespace longhaul::worker_test {
+namespace {
+
+using namespace std::chrono_literals;
+using supervisor::SafetensorsReader;
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Every file of a logdir that must survive a failed run unchanged: checkpoints + state file.
+std::map<std::string, std::string> checkpoint_bytes(const fs::path& logdir) {
+  std::map<std::string, std::string> out;
+  for (const auto& [step, path] : checkpoint_files(logdir)) {
+    out[path.filename().string()] = read_text(path);
+  }
+  out["checkpoint"] = read_text(logdir / "checkpoint");
+  return out;
+}
+
+class WorkerCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir(std::string("worker_cli_") +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    write_text(dir_ / "small.yaml", small_model_config(10, 5));
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Trains the small model for 10 steps into `logdir` (checkpoints at 5 and 10).
+  void train_good_logdir(const fs::path& logdir) {
+    RunOutput r =
+        run_worker({"train", "--config", "small.yaml", "--logdir", logdir.string()}, dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    ASSERT_EQ(state_file_latest_step(logdir), 10);
+    ASSERT_EQ(checkpoint_files(logdir).size(), 2u);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(WorkerCliTest, HelpAndVersion) {
+  RunOutput r = run_worker({"--help"}, dir_);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.out, "prepare-data")) << r.out;
+  for (const char* cmd : {"train", "eval", "inspect", "prepare-data"}) {
+    RunOutput h = run_worker({cmd, "--help"}, dir_);
+    EXPECT_EQ(h.exit_code, 0) << cmd;
+    EXPECT_TRUE(contains(h.out, "Usage")) << h.out;
+  }
+  RunOutput v = run_worker({"--version"}, dir_);
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_TRUE(contains(v.out, "longhaul-worker 0.")) << v.out;
+  EXPECT_EQ(run_worker({"train", "--no-such-flag"}, dir_).exit_code, 2);
+  EXPECT_EQ(run_worker({}, dir_).exit_code, 2);
+}
+
+TEST_F(WorkerCliTest, TrainsPrintsProgressAndResumes) {
+  RunOutput r = run_worker({"train", "--config", "small.yaml", "--logdir", "run"}, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(start_step(r.out), 0);
+  EXPECT_TRUE(contains(r.out, "step     10/10 | loss ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tok/s | eta ")) << r.out;
+  // Again with more steps: resumes at 10.
+  RunOutput again = run_worker(
+      {"train", "--config", "small.yaml", "--logdir", "run", "--set", "training.max_steps=12"},
+      dir_);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_TRUE(contains(again.out, "resuming at step 10/12")) << again.out;
+  EXPECT_EQ(state_file_latest_step(dir_ / "run"), 12);
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;  // appended to train --logdir good
+  int exit_code;
+  std::vector<std::string> messages;  // each must appear in stderr
+};
+
+TEST_F(WorkerCliTest, EachBadInputHasItsErrorAndLeavesCheckpointsIntact) {
+  const fs::path good = dir_ / "good";
+  train_good_logdir(good);
+  const auto before = checkpoint_bytes(good);
+
+  write_text(dir_ / "garbled.yaml", "training: {batch_size: 4\nmodel: [\n");
+  write_text(dir_ / "unknown.yaml", "training:\n  bach_size: 4\n");
+  write_text(dir_ / "badvalue.yaml", "training:\n  batch_size: many\n");
+  std::vector<uint16_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 256);
+  fs::create_directories(dir_ / "magic");
+  data::write_shard(dir_ / "magic" / "train_000000.bin", tokens);
+  {
+    std::fstream f(dir_ / "magic" / "train_000000.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    const int32_t wrong = 20240519;
+    f.write(reinterpret_cast<const char*>(&wrong), 4);
+  }
+  fs::create_directories(dir_ / "trunc");
+  data::write_shard(dir_ / "trunc" / "train_000000.bin", tokens);
+  fs::resize_file(dir_ / "trunc" / "train_000000.bin", 1024 + 2 * 4000);
+  write_text(dir_ / "not_a_dir", "a file where the logdir's parent should be");
+
+  const std::vector<BadInput> cases = {
+      {"missing config", {"--config", "nope.yaml"}, 2, {"nope.yaml"}},
+      {"garbled config", {"--config", "garbled.yaml"}, 2, {"garbled.yaml is not valid YAML"}},
+      {"unknown key",
+       {"--config", "unknown.yaml"},
+       2,
+       {"unknown.yaml", "unknown key 'training.bach_size'", "did you mean 'training.batch_size'"}},
+      {"bad value", {"--config", "badvalue.yaml"}, 2, {"training.batch_size must be an integer"}},
+      {"unknown --set key",
+       {"--config", "small.yaml", "--set", "training.max_step=3"},
+       2,
+       {"training.max_step", "did you mean 'training.max_steps'"}},
+      {"wrong shard magic",
+       {"--config", "small.yaml", "--set", "data.train=magic/train_*.bin"},
+       3,
+       {"magic/train_000000.bin", "magic 20240519", "20240520"}},
+      {"truncated shard",
+       {"--config", "small.yaml", "--set", "data.train=trunc/train_*.bin"},
+       3,
+       {"trunc/train_000000.bin is truncated", "5000 tokens"}},
+      {"no shard matches",
+       {"--config", "small.yaml", "--set", "data.train=none/train_*.bin"},
+       3,
+       {"none/train_*.bin", "matches no files"}},
+      {"checkpoint of another shape",
+       {"--config", "small.yaml", "--set", "model.n_embd=64"},
+       4,
+       {"transformer.wte.weight", "[256, 32]", "[256, 64]", "model.ckpt-10.safetensors"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> args{"train", "--logdir", good.string()};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    RunOutput r = run_worker(args, dir_);
+    EXPECT_EQ(r.exit_code, c.exit_code) << r.out << r.err;
+    for (const auto& m : c.messages) EXPECT_TRUE(contains(r.err, m)) << m << "\n" << r.err;
+    EXPECT_EQ(checkpoint_bytes(good), before) << "checkpoints changed";
+  }
+
+  // Unwritable logdir: its parent is a regular file.
+  RunOutput r = run_worker(
+      {"train", "--config", "small.yaml", "--logdir", (dir_ / "not_a_dir" / "logdir").string()},
+      dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "not_a_dir/logdir")) << r.err;
+  EXPECT_EQ(checkpoint_bytes(good), before);
+}
+
+// Flips one byte inside the data of a checkpoint (past the header).
+void corrupt(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-100, std::ios::end);
+  char c;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(-100, std::ios::end);
+  f.write(&c, 1);
+}
+
+TEST_F(WorkerCliTest, CorruptLatestCheckpointFallsBackToThePreviousWithAWarning) {
+  const fs::path logdir = dir_ / "run";
+  train_good_logdir(logdir);
+  corrupt(logdir / "model.ckpt-10.safetensors");
+  const std::string five = read_text(logdir / "model.ckpt-5.safetensors");
+  RunOutput r = run_worker(
+      {"train", "--config", "small.yaml", "--logdir", "run", "--set", "training.max_steps=8"},
+      dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "resuming at step 5/8")) << r.out;
+  EXPECT_TRUE(contains(r.err, "WARN")) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.ckpt-10.safetensors")) << r.err;
+  EXPECT_EQ(read_text(logdir / "model.ckpt-5.safetensors"), five);
+  EXPECT_EQ(state_file_latest_step(logdir), 8);
+}
+
+TEST_F(WorkerCliTest, SigtermWritesAFinalCheckpointAndResumeIsBitIdentical) {
+  // Uninterrupted: 300 steps, only the final checkpoint.
+  write_text(dir_ / "exact.yaml", small_model_config(300, 0));
+  RunOutput a = run_worker({"train", "--config", "exact.yaml", "--logdir", "a"}, dir_);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  // Interrupted: SIGTERM once step 100 is printed, then resume to 300.
+  {
+    WorkerProcess b({"train", "--config", "exact.yaml", "--logdir", "b"}, dir_, dir_);
+    ASSERT_TRUE(b.wait_for_stdout("step    100/300", 60s)) << b.out() << b.err();
+    b.signal(SIGTERM);
+    ASSERT_EQ(b.wait(60s), 143) << b.err();
+    EXPECT_TRUE(contains(b.err(), "SIGTERM")) << b.err();
+  }
+  const auto stopped_at = state_file_latest_step(dir_ / "b");
+  ASSERT_TRUE(stopped_at.has_value());
+  ASSERT_GE(*stopped_at, 100);
+  ASSERT_LT(*stopped_at, 300) << "the run ended before the signal; nothing was tested";
+  RunOutput resumed = run_worker({"train", "--config", "exact.yaml", "--logdir", "b"}, dir_);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(start_step(resumed.out), *stopped_at);
+
+  SafetensorsReader ra(dir_ / "a" / "model.ckpt-300.safetensors");
+  SafetensorsReader rb(dir_ / "b" / "model.ckpt-300.safetensors");
+  ASSERT_EQ(ra.tensor_names(), rb.tensor_names());
+  for (const auto& name : ra.tensor_names()) {
+    auto da = ra.data(name), db = rb.data(name);
+    ASSERT_EQ(da.size(), db.size()) << name;
+    EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size()), 0) << name << " differs";
+  }
+  for (const char* key : {"step", "optimizer_step_count", "data_position", "train_tokens"}) {
+    EXPECT_EQ(ra.metadata().at(key), rb.metadata().at(key)) << key;
+  }
+}
+
+TEST_F(WorkerCliTest, SigintAlsoCheckpointsAndExits130) {
+  write_text(dir_ / "long.yaml", small_model_config(100000, 0));
+  WorkerProcess p({"train", "--config", "long.yaml", "--logdir", "run"}, dir_, dir_);
+  ASSERT_TRUE(p.wait_for_stdout("step     20/", 60s)) << p.err();
+  p.signal(SIGINT);
+  ASSERT_EQ(p.wait(60s), 130) << p.err();
+  const auto step = state_file_latest_step(dir_ / "run");
+  ASSERT_TRUE(step.has_value());
+  EXPECT_GE(*step, 20);
+}
+
+// Writes an HF-style GPT-2 safetensors file (no "transformer." prefix, attn.bias buffers, a tied
+// lm_head) for the small model with deterministic values; returns the values by our name.
+std::map<std::string, std::vector<float>> write_hf_file(const fs::path& path) {
+  const int C = 32, V = 256, T = 32;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+      {"wte.weight", {V, C}},
+      {"wpe.weight", {T, C}},
+      {"h.0.ln_1.weight", {C}},
+      {"h.0.ln_1.bias", {C}},
+      {"h.0.attn.bias", {1, 1, T, T}},
+      {"h.0.attn.c_attn.weight", {C, 3 * C}},
+      {"h.0.attn.c_attn.bias", {3 * C}},
+      {"h.0.attn.c_proj.weight", {C, C}},
+      {"h.0.attn.c_proj.bias", {C}},
+      {"h.0.ln_2.weight", {C}},
+      {"h.0.ln_2.bias", {C}},
+      {"h.0.mlp.c_fc.weight", {C, 4 * C}},
+      {"h.0.mlp.c_fc.bias", {4 * C}},
+      {"h.0.mlp.c_proj.weight", {4 * C, C}},
+      {"h.0.mlp.c_proj.bias", {C}},
+      {"ln_f.weight", {C}},
+      {"ln_f.bias", {C}},
+      {"lm_head.weight", {V, C}},
+  };
+  std::vector<supervisor::TensorSpec> specs;
+  std::vector<std::vector<float>> values;
+  std::map<std::string, std::vector<float>> by_our_name;
+  int k = 0;
+  for (const auto& [name, shape] : shapes) {
+    supervisor::TensorSpec spec{name, supervisor::DType::kF32, shape};
+    std::vector<float> v(static_cast<size_t>(spec.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = 0.01f * static_cast<float>(std::sin(0.37 * static_cast<double>(i) + k));
+    }
+    ++k;
+    if (name != "h.0.attn.bias" && name != "lm_head.weight") by_our_name["transformer." + name] = v;
+    specs.push_back(spec);
+    values.push_back(std::move(v));
+  }
+  std::vector<supervisor::TensorView> views;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    views.push_back({&specs[i], std::as_bytes(std::span<const float>(values[i]))});
+  }
+  supervisor::write_safetensors(path, views, {{"format", "pt"}});
+  return by_our_name;
+}
+
+TEST_F(WorkerCliTest, PretrainedInitOnlyWithoutACheckpoint) {
+  const auto expected = write_hf_file(dir_ / "hf.safetensors");
+  // A learning rate this small leaves the weights within 1e-6 of the pre-trained values.
+  std::vector<std::string> args{"train",
+                                "--config",
+                                "small.yaml",
+                                "--logdir",
+                                "run",
+                                "--set",
+                                "checkpoint.init_from=hf.safetensors",
+                                "--set",
+                                "training.max_steps=1",
+                                "--set",
+                                "training.learning_rate=1e-9",
+                                "--set",
+                                "training.weight_decay=0"};
+  RunOutput r = run_worker(args, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "initialised from hf.safetensors")) << r.out;
+  {
+    SafetensorsReader ckpt(dir_ / "run" / "model.ckpt-1.safetensors");
+    for (const auto& [name, values] : expected) {
+      auto bytes = ckpt.data(name);
+      ASSERT_EQ(bytes.size(), values.size() * 4) << name;
+      const float* got = reinterpret_cast<const float*>(bytes.data());
+      for (size_t i = 0; i < values.size(); ++i) {
+        ASSERT_NEAR(got[i], values[i], 1e-5) << name << "[" << i << "]";
+      }
+    }
+  }
+  // With a checkpoint present, init_from is not used: another file would change nothing.
+  write_text(dir_ / "hf.safetensors", "garbage that would fail if it were read");
+  args[8] = "training.max_steps=2";
+  RunOutput again = run_worker(args, dir_);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_TRUE(contains(again.out, "resuming at step 1/2")) << again.out;
+  // A bad pre-trained file in a fresh logdir is a checkpoint error (4) naming it.
+  args[4] = "fresh";
+  RunOutput bad = run_worker(args, dir_);
+  EXPECT_EQ(bad.exit_code, 4) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "hf.safetensors")) << bad.err;
+}
+
+TEST_F(WorkerCliTest, PrepareDataThenTrainEvalAndInspect) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i)
+    text += "The long haul train number " + std::to_string(i) + " left.\n";
+  write_text(dir_ / "book.txt", text);
+  RunOutput p = run_worker({"prepare-data", "--input", "book.txt", "--output-dir", "data",
+                            "--val-fraction", "0.1", "--shard-tokens", "20000"},
+                           dir_);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_TRUE(contains(p.out, "val shard")) << p.out;
+  EXPECT_TRUE(fs::exists(dir_ / "data" / "train_000001.bin"));
+  RunOutput t = run_worker({"train", "--config", "small.yaml", "--logdir", "run", "--set",
+                            "data.train=data/train_*.bin", "--set", "data.val=data/val_*.bin",
+                            "--set", "eval.every_steps=5", "--set", "eval.batches=3"},
+                           dir_);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_TRUE(contains(t.out, "val_loss")) << t.out;
+
+  // eval: text and JSON.
+  RunOutput e = run_worker({"eval", "--checkpoint", "run/model.ckpt-10.safetensors", "--data",
+                            "data/val_*.bin", "--config", "small.yaml"},
+                           dir_);
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "(step 10): mean loss ")) << e.out;
+  RunOutput ej = run_worker({"eval", "--checkpoint", "run/model.ckpt-10.safetensors", "--data",
+                             "data/val_*.bin", "--config", "small.yaml", "--json"},
+                            dir_);
+  ASSERT_EQ(ej.exit_code, 0) << ej.err;
+  auto j = nlohmann::json::parse(ej.out);
+  EXPECT_EQ(j["step"], 10);
+  EXPECT_GT(j["batches"].get<int>(), 0);
+  const double loss = j["mean_loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(loss) && loss > 0 && loss < 6) << loss;  // below uniform ln(256)
+  // eval errors: bad data 3, bad checkpoint 4.
+  EXPECT_EQ(run_worker({"eval", "--checkpoint", "run/model.ckpt-10.safetensors", "--data",
+                        "nothing_*.bin"},
+                       dir_)
+                .exit_code,
+            3);
+  fs::copy_file(dir_ / "run" / "model.ckpt-10.safetensors", dir_ / "broken.safetensors");
+  corrupt(dir_ / "broken.safetensors");
+  RunOutput eb =
+      run_worker({"eval", "--checkpoint", "broken.safetensors", "--data", "data/val_*.bin"}, dir_);
+  EXPECT_EQ(eb.exit_code, 4) << eb.err;
+  EXPECT_TRUE(contains(eb.err, "broken.safetensors")) << eb.err;
+
+  // inspect: corrupt the latest, a restart would restore the previous.
+  corrupt(dir_ / "run" / "model.ckpt-10.safetensors");
+  RunOutput i = run_worker({"inspect", "run"}, dir_);
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_TRUE(contains(i.out, "a restart would restore model.ckpt-5.safetensors (step 5)"))
+      << i.out;
+  EXPECT_TRUE(contains(i.out, "latest step: 10")) << i.out;
+  EXPECT_TRUE(contains(i.out, "events.out.tfevents.")) << i.out;
+  RunOutput ij = run_worker({"inspect", "run", "--json", "--tensors"}, dir_);
+  ASSERT_EQ(ij.exit_code, 0) << ij.err;
+  auto js = nlohmann::json::parse(ij.out);
+  ASSERT_EQ(js["checkpoints"].size(), 2u);
+  EXPECT_EQ(js["checkpoints"][0]["step"], 5);
+  EXPECT_TRUE(js["checkpoints"][0]["valid"].get<bool>());
+  EXPECT_FALSE(js["checkpoints"][1]["valid"].get<bool>());
+  EXPECT_EQ(js["restore"]["step"], 5);
+  EXPECT_EQ(js["restore"]["tensors"][0]["name"], "transformer.wte.weight");
+  EXPECT_EQ(js["restore"]["tensors"][0]["shape"], nlohmann::json::array({256, 32}));
+  EXPECT_EQ(js["events_files"].size(), 1u);
+  EXPECT_EQ(run_worker({"inspect", "no_such_logdir"}, dir_).exit_code, 2);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string http_get(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string body;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
+    (void)!::write(fd, req.data(), req.size());
+    char buf[8192];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) body.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return body;
+}
+
+TEST_F(WorkerCliTest, ServesPrometheusMetricsWhileTraining) {
+  write_text(dir_ / "long.yaml", small_model_config(100000, 50));
+  const int port = free_port();
+  WorkerProcess p(
+      {"train", "--config", "long.yaml", "--logdir", "run", "--metrics-port", std::to_string(port)},
+      dir_, dir_);
+  ASSERT_TRUE(p.wait_for_stdout("step    100/", 60s)) << p.err();
+  std::string body;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  // Poll until a checkpoint has been counted (or the deadline passes).
+  while ((body.empty() || contains(body, "longhaul_checkpoint_saves_total{rank=\"0\"} 0\n")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    body = http_get(port);
+    std::this_thread::sleep_for(20ms);
+  }
+  for (const char* name :
+       {"longhaul_train_global_step{rank=\"0\"}", "longhaul_train_steps_total{rank=\"0\"}",
+        "longhaul_train_tokens_total{rank=\"0\"}",
+        "longhaul_train_step_duration_seconds_bucket{rank=\"0\"", "longhaul_train_loss{rank=\"0\"}",
+        "longhaul_checkpoint_last_step{rank=\"0\"}", "longhaul_checkpoint_saves_total{rank=\"0\"}",
+        "longhaul_worker_is_chief{rank=\"0\"} 1", "longhaul_worker_build_info{"}) {
+    EXPECT_TRUE(contains(body, name)) << name << "\n" << body;
+  }
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait(60s), 143);
+}
+
+}  // namespace
+}  // namespace longhaul::worker_test
