@@ -178,11 +178,16 @@ RunResult run_training(const RunOptions& options) {
                       hms(ema_step_seconds * static_cast<double>(t.max_steps - s.step)).c_str());
         out << line << std::flush;
       }
-      if (summary_every > 0 && s.step % summary_every == 0) {
-        sv.add_scalar("loss", s.loss, s.step);
-        sv.add_scalar("learning_rate", s.learning_rate, s.step);
-        sv.add_scalar("grad_norm", s.grad_norm, s.step);
-        sv.add_scalar("tokens_per_sec", tokens_per_sec, s.step);
+      // Training scalars carry the step's 0-based index (the global step before it ran), as in
+      // TensorFlow: a restart's SessionLog START at the restored step s makes TensorBoard purge
+      // events at steps >= s from the earlier run, so the last step before a checkpoint at s
+      // must be logged at s - 1 to survive.
+      const int64_t index = s.step - 1;
+      if (summary_every > 0 && index % summary_every == 0) {
+        sv.add_scalar("loss", s.loss, index);
+        sv.add_scalar("learning_rate", s.learning_rate, index);
+        sv.add_scalar("grad_norm", s.grad_norm, index);
+        sv.add_scalar("tokens_per_sec", tokens_per_sec, index);
       }
       if (eval_every > 0 && s.step % eval_every == 0) run_eval(s.step);
       if (config.checkpoint.save_model_steps > 0 &&

@@ -2,6 +2,11 @@
 // data from a WorkerConfig, run it under a Supervisor (restore or init / pre-trained init_fn,
 // checkpoints, events, SIGTERM handling), print progress, write scalars, evaluate.
 //
+// Progress lines count steps done ("step 10/300" after the 10th step). TensorBoard scalars
+// loss, learning_rate, grad_norm, tokens_per_sec are logged at the step's 0-based index (the
+// global step before it ran, TensorFlow's convention; see run.cc), val_loss at the global step
+// whose weights it measured, global_step/sec by the supervisor's step counter.
+//
 // Errors are typed so the CLI can map them to exit codes: InvalidArgument from the config
 // (exit 2), DataError (3), CheckpointError and the supervisor's FailedPrecondition/DataLoss on
 // restore (4), Aborted (138), anything else (1). A SIGTERM/SIGINT ends the run normally after
