@@ -224,22 +224,26 @@ def main() -> int:
     return 1 if problems else 0
 
 
-def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
-    problems: list[str] = []
-    # ---- worker: a first run that checkpoints and finishes, then a resumed run to scrape.
+def start_worker(args, workdir: pathlib.Path, procs: Processes) -> int:
+    """A first run that checkpoints and finishes, then a resumed run (restores = 1) that keeps
+    training and checkpointing. Returns the resumed run's metrics port."""
     logdir = workdir / "logdir"
     first = subprocess.run(worker_args(args.worker, logdir, 12, 0), cwd=workdir,
                            capture_output=True, timeout=300)
     if first.returncode != 0:
         raise Failure(f"first worker run exited {first.returncode}:\n"
                       + (first.stdout + first.stderr).decode(errors="replace")[-3000:])
-    worker_port = free_port()
-    worker = procs.start("worker", worker_args(args.worker, logdir, 1_000_000, worker_port))
+    port = free_port()
+    procs.start("worker", worker_args(args.worker, logdir, 1_000_000, port))
+    return port
 
-    # ---- fake API server and operator.
+
+def start_operator(args, workdir: pathlib.Path, procs: Processes) -> int:
+    """The fake API server, the operator (leader election on), a TrainingJob and one preempted
+    pod. Returns the operator's metrics port."""
     kubeconfig = workdir / "kubeconfig"
     procs.start("fake-apiserver", [args.fake_apiserver, "--port", "0",
-                                         "--kubeconfig-out", str(kubeconfig)])
+                                   "--kubeconfig-out", str(kubeconfig)])
 
     def api_url_printed():
         procs.check_alive()
@@ -254,10 +258,14 @@ def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
                              "--lease-namespace", NAMESPACE,
                              "--metrics-port", str(metrics_port),
                              "--health-port", str(health_port)])
-    wait_for("operator /readyz", lambda: (procs.check_alive(),
-             http("GET", f"http://127.0.0.1:{health_port}/readyz") is not None)[1])
 
-    # ---- a TrainingJob whose pods the operator creates (nothing runs them: no kubelet).
+    def ready():
+        procs.check_alive()
+        return http("GET", f"http://127.0.0.1:{health_port}/readyz") is not None
+
+    wait_for("operator /readyz", ready)
+
+    # A TrainingJob whose pods the operator creates (nothing runs them: there is no kubelet).
     job = {
         "apiVersion": "longhaul.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": JOB, "namespace": NAMESPACE},
@@ -268,9 +276,13 @@ def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
     http("POST", f"{api_url}/apis/longhaul.dev/v1alpha1/namespaces/{NAMESPACE}/trainingjobs", job)
     pods_url = f"{api_url}/api/v1/namespaces/{NAMESPACE}/pods"
     selector = urllib.parse.quote(f"longhaul.dev/job-name={JOB}")
-    pods = wait_for("the operator to create the job's pods",
-                    lambda: [p for p in http("GET", f"{pods_url}?labelSelector={selector}")["items"]
-                             if not p["metadata"].get("deletionTimestamp")])
+
+    def pods_created():
+        procs.check_alive()
+        return [p for p in http("GET", f"{pods_url}?labelSelector={selector}")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+
+    pods = wait_for("the operator to create the job's pods", pods_created)
     victim = sorted(p["metadata"]["name"] for p in pods)[0]
     # Preempt one pod the way the kubelet reports it: Failed with a DisruptionTarget condition.
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -285,26 +297,32 @@ def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
                                                         "finishedAt": now}}}]}}
     http("PATCH", f"{pods_url}/{victim}/status", status_patch,
          content_type="application/merge-patch+json")
+    return metrics_port
 
-    # ---- Prometheus on loopback, scraping both every second.
-    prom_port = free_port()
+
+def start_prometheus(args, workdir: pathlib.Path, procs: Processes, worker_port: int | None,
+                     operator_port: int | None):
+    """Prometheus on loopback scraping the given targets every second; returns query(expr)."""
+    scrape_configs = []
+    if worker_port:
+        scrape_configs.append({
+            "job_name": "longhaul-worker",
+            "static_configs": [{"targets": [f"127.0.0.1:{worker_port}"],
+                                "labels": {"namespace": NAMESPACE, "trainingjob": JOB,
+                                           "replica_type": "worker"}}]})
+    if operator_port:
+        scrape_configs.append({
+            "job_name": "longhaul-operator",
+            "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"],
+                                "labels": {"namespace": "longhaul-system"}}]})
     config = workdir / "prometheus.yml"
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [
-            {"job_name": "longhaul-worker",
-             "static_configs": [{"targets": [f"127.0.0.1:{worker_port}"],
-                                 "labels": {"namespace": NAMESPACE, "trainingjob": JOB,
-                                            "replica_type": "worker"}}]},
-            {"job_name": "longhaul-operator",
-             "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"],
-                                 "labels": {"namespace": "longhaul-system"}}]},
-        ]}))
-    promtool_config = subprocess.run([args.promtool, "check", "config", str(config)],
-                                     capture_output=True)
-    if promtool_config.returncode != 0:
-        raise Failure("promtool check config: " + promtool_config.stdout.decode()
-                      + promtool_config.stderr.decode())
+        "scrape_configs": scrape_configs}))
+    checked = subprocess.run([args.promtool, "check", "config", str(config)], capture_output=True)
+    if checked.returncode != 0:
+        raise Failure("promtool check config: " + (checked.stdout + checked.stderr).decode())
+    prom_port = free_port()
     procs.start("prometheus", [args.prometheus, f"--config.file={config}",
                                f"--storage.tsdb.path={workdir / 'tsdb'}",
                                f"--web.listen-address=127.0.0.1:{prom_port}",
@@ -317,36 +335,38 @@ def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
             raise Failure(f"Prometheus rejected {expr!r}: {answer}")
         return answer["data"]["result"]
 
-    def both_up():
+    def all_up():
         procs.check_alive()
-        return len([r for r in query("up == 1")]) == 2
+        return len(query("up == 1")) == len(scrape_configs)
 
-    wait_for("Prometheus to scrape both targets", both_up)
+    wait_for("Prometheus to scrape every target", all_up)
+    return query
 
-    # ---- the naming contract and promtool on the raw scrapes.
-    worker_text = http("GET", f"http://127.0.0.1:{worker_port}/metrics")
-    operator_text = http("GET", f"http://127.0.0.1:{metrics_port}/metrics")
-    (workdir / "worker.metrics").write_text(worker_text)
-    (workdir / "operator.metrics").write_text(operator_text)
-    problems += check_contract(worker_text, dq.WORKER_COUNTERS, dq.WORKER_GAUGES,
-                               dq.WORKER_HISTOGRAMS, "worker")
-    problems += check_contract(operator_text, dq.OPERATOR_COUNTERS, dq.OPERATOR_GAUGES,
-                               dq.OPERATOR_HISTOGRAMS, "operator")
-    problems += promtool_check(args.promtool, worker_text, "worker")
-    problems += promtool_check(args.promtool, operator_text, "operator")
 
-    # ---- every dashboard query returns data (waiting for the rates and histograms to fill).
-    queries = dq.queries(dq.load_dashboards())
+def check_scrape(args, workdir: pathlib.Path, port: int, who: str) -> list[str]:
+    """The naming contract and promtool on one raw /metrics scrape."""
+    text = http("GET", f"http://127.0.0.1:{port}/metrics")
+    (workdir / f"{who}.metrics").write_text(text)
+    if who == "worker":
+        problems = check_contract(text, dq.WORKER_COUNTERS, dq.WORKER_GAUGES,
+                                  dq.WORKER_HISTOGRAMS, who)
+    else:
+        problems = check_contract(text, dq.OPERATOR_COUNTERS, dq.OPERATOR_GAUGES,
+                                  dq.OPERATOR_HISTOGRAMS, who)
+    return problems + promtool_check(args.promtool, text, who)
+
+
+def check_dashboards(procs: Processes, query, dashboards: dict[str, dict]) -> list[str]:
+    """Every query of the dashboards returns data, waiting for rates and histograms to fill."""
+    queries = dq.queries(dashboards)
     pending = {q: dq.substitute(q.expr, range_="5m", rate_interval="10s") for q in queries}
-    empty: dict[dq.Query, str] = {}
 
     def all_answer():
         procs.check_alive()
         for q, expr in list(pending.items()):
-            if q.is_variable:
-                inner = dq._LABEL_VALUES.match(expr)
-                result = query(inner.group(1) if inner else expr)
-                ok = any(inner is None or inner.group(2) in r["metric"] for r in result)
+            inner = dq._LABEL_VALUES.match(expr) if q.is_variable else None
+            if inner:
+                ok = any(inner.group(2) in r["metric"] for r in query(inner.group(1)))
             else:
                 ok = bool(query(expr))
             if ok:
@@ -356,11 +376,19 @@ def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
     try:
         wait_for("every dashboard query to return data", all_answer, timeout=90, interval=1)
     except Failure:
-        empty = dict(pending)
-    for q, expr in empty.items():
-        problems.append(f"{q.dashboard} / {q.where}: no data for {expr}")
-    print(f"dashboard queries: {len(queries) - len(empty)} of {len(queries)} returned data")
+        pass
+    print(f"dashboard queries: {len(queries) - len(pending)} of {len(queries)} returned data")
+    return [f"{q.dashboard} / {q.where}: no data for {expr}" for q, expr in pending.items()]
 
+
+def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
+    worker_port = start_worker(args, workdir, procs)
+    operator_port = start_operator(args, workdir, procs)
+    query = start_prometheus(args, workdir, procs, worker_port, operator_port)
+    problems = check_scrape(args, workdir, worker_port, "worker")
+    problems += check_scrape(args, workdir, operator_port, "operator")
+    problems += check_dashboards(procs, query, dq.load_dashboards())
+    worker = next(p for name, p in procs.children if name == "worker")
     code = procs.stop(worker)
     if code not in (0, 143):
         problems.append(f"the scraped worker exited {code} on SIGTERM (want 143 or 0)")
