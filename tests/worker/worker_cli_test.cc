@@ -89,6 +89,19 @@ TEST_F(WorkerCliTest, TrainsPrintsProgressAndResumes) {
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_TRUE(contains(again.out, "resuming at step 10/12")) << again.out;
   EXPECT_EQ(state_file_latest_step(dir_ / "run"), 12);
+  // Gradient accumulation: 96 tokens per step = 3 micro-batches of 2 x 16.
+  RunOutput accumulated = run_worker({"train", "--config", "small.yaml", "--logdir", "acc", "--set",
+                                      "training.total_batch_tokens=96"},
+                                     dir_);
+  ASSERT_EQ(accumulated.exit_code, 0) << accumulated.err;
+  EXPECT_TRUE(contains(accumulated.out, "96 tokens/step (3 micro-batches of 2x16)"))
+      << accumulated.out;
+  RunOutput not_multiple = run_worker({"train", "--config", "small.yaml", "--logdir", "acc2",
+                                       "--set", "training.total_batch_tokens=100"},
+                                      dir_);
+  EXPECT_EQ(not_multiple.exit_code, 2);
+  EXPECT_TRUE(contains(not_multiple.err, "training.total_batch_tokens 100 must be a multiple"))
+      << not_multiple.err;
 }
 
 struct BadInput {

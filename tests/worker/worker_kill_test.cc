@@ -37,6 +37,9 @@ TEST(WorkerKillTest, EveryRestartAfterKill9RestoresTheNewestCommittedCheckpoint)
     } else {
       EXPECT_EQ(*started, 0);
     }
+    if (!committed) {  // make sure the first kill lands after the first commit
+      ASSERT_TRUE(p.wait_for_stdout("step     30/", 60s)) << p.out() << p.err();
+    }
     // Let it train and checkpoint for a random time, then kill -9.
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     p.signal(SIGKILL);
