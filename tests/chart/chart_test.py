@@ -238,12 +238,15 @@ def test_deployment_runs_the_operator_with_the_configured_flags(case):
         "ghcr.io/longhaul-dev/longhaul-operator:0.1.0" if name == "defaults"
         else "registry.example.com/ml/longhaul-operator:0.1.0-rc1")
     expected = [f"--namespace={ns}" for ns in op["watchNamespaces"]]
-    expected.append(f"--leader-elect={'true' if op['leaderElection']['enabled'] else 'false'}")
     if op["leaderElection"]["enabled"]:
         lease = op["leaderElection"]["leaseName"] or f"{RELEASE}-leader"
-        expected += [f"--lease-name={lease}", f"--lease-namespace={NAMESPACE}"]
+        expected += ["--leader-elect", f"--lease-name={lease}", f"--lease-namespace={NAMESPACE}",
+                     "--identity=$(POD_NAME)"]
+    else:
+        expected.append("--no-leader-elect")
     expected += [f"--metrics-port={op['metricsPort']}", f"--health-port={op['healthPort']}",
-                 f"--workers={op['workers']}", f"--qps={op['qps']}", f"--burst={op['burst']}"]
+                 f"--workers={op['workers']}", f"--qps={op['qps']}", f"--burst={op['burst']}",
+                 f"--log-level={op['logLevel']}"]
     expected += op["extraArgs"]
     assert container["args"] == expected
     assert spec["serviceAccountName"] == (values["serviceAccount"]["name"] or RELEASE)
@@ -261,8 +264,9 @@ def test_deployment_runs_the_operator_with_the_configured_flags(case):
 def test_leader_election_off_drops_the_lease_role_and_flags():
     objects = render({"operator": {"leaderElection": {"enabled": False}}})
     container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert "--leader-elect=false" in container["args"]
-    assert not [a for a in container["args"] if a.startswith("--lease")]
+    assert "--no-leader-elect" in container["args"]
+    assert "--leader-elect" not in container["args"]
+    assert not [a for a in container["args"] if a.startswith(("--lease", "--identity"))]
     assert not [o for o in by_kind(objects, "Role") if "leases" in json.dumps(o)]
 
 
