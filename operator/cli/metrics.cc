@@ -5,7 +5,8 @@ namespace longhaul::operator_cli {
 namespace {
 
 const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025,
+    0.05,   0.1,   0.25,  0.5,   1,     2.5,    5,    10,    30};
 const char* kPhases[] = {"Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"};
 
 }  // namespace
