@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "exit_codes.h"
+#include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
 #include "longhaul/trainer/run.h"
@@ -26,7 +27,9 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
-std::string version_string() { return std::string(LONGHAUL_VERSION) + " (cpu)"; }
+std::string version_string() {
+  return std::string(LONGHAUL_VERSION) + (LONGHAUL_HAVE_CUDA ? " (cpu, cuda)" : " (cpu)");
+}
 
 int run_train(const TrainArgs& args) {
   // 1. Config (every problem here is exit 2).
@@ -63,7 +66,12 @@ int run_train(const TrainArgs& args) {
 
   // 2. Metrics.
   const int port = args.metrics_port >= 0 ? args.metrics_port : run.config.metrics_port;
-  worker_metrics::WorkerMetrics metrics(run.rank, run.rank == 0, LONGHAUL_VERSION, "cpu");
+  // build_info's backend: the device this run trains on.
+  std::string why_not;
+  const bool on_cuda = run.config.device == "cuda" ||
+                       (run.config.device == "auto" && backend_cuda::cuda_available(&why_not));
+  worker_metrics::WorkerMetrics metrics(run.rank, run.rank == 0, LONGHAUL_VERSION,
+                                        on_cuda ? "cuda" : "cpu");
   if (port > 0) {
     metrics.serve(port);
     LH_LOG(INFO) << "serving Prometheus metrics" << kv("port", metrics.port());

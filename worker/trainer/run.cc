@@ -9,7 +9,6 @@
 
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
-#include "longhaul/model/gpt2_cpu.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/supervisor.h"
 
@@ -60,11 +59,6 @@ RunResult run_training(const RunOptions& options) {
 
   // 1. Model shape and device (config errors).
   const model::GPT2Config model_config = model_config_for(config);
-  if (config.device == "cuda") {
-    throw InvalidArgument(
-        (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
-        ": device: cuda was requested but this build trains on CPU only; use device: auto or cpu");
-  }
 
   // 2. Data (exit 3 on any problem).
   data::LoaderOptions loader_options{.batch_size = t.batch_size,
@@ -89,8 +83,14 @@ RunResult run_training(const RunOptions& options) {
   }
 
   // 3. Model and trainer.
-  auto model = model::make_cpu_gpt2(model_config, static_cast<int>(t.batch_size),
-                                    static_cast<int>(t.seq_len));
+  std::unique_ptr<model::LanguageModel> model;
+  try {
+    model = make_model(config, model_config);
+  } catch (const Error& e) {  // device: cuda without a usable GPU, activations do not fit, ...
+    throw InvalidArgument(
+        (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
+        ": device " + config.device + ": " + e.what());
+  }
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
 

@@ -3,12 +3,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/log.h"
+#include "longhaul/model/gpt2_cpu.h"
 
 namespace longhaul::trainer {
 namespace {
@@ -150,6 +153,20 @@ model::GPT2Config model_config_for(const WorkerConfig& config) {
   return c;
 }
 
+std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
+                                                 const model::GPT2Config& shape) {
+  const int B = static_cast<int>(config.training.batch_size);
+  const int T = static_cast<int>(config.training.seq_len);
+  std::string why;
+  if (config.device == "cuda" || (config.device == "auto" && backend_cuda::cuda_available(&why))) {
+    return backend_cuda::make_cuda_gpt2(shape, B, T);
+  }
+  if (config.device == "auto") {
+    LH_LOG(INFO) << "training on CPU" << kv("why_not_cuda", why);
+  }
+  return model::make_cpu_gpt2(shape, B, T);
+}
+
 Trainer::Trainer(const WorkerConfig& config, std::unique_ptr<model::LanguageModel> model,
                  std::unique_ptr<data::DataLoader> train, std::unique_ptr<data::EvalLoader> val,
                  int world_size)
@@ -250,9 +267,19 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
   try {
     auto pos = ckpt.metadata().find("data_position");
     if (pos != ckpt.metadata().end()) train_->restore(pos->second);
+    std::vector<float> staging;
     for (const auto& slot : slots_) {
       auto bytes = ckpt.data(slot.spec.name);  // CRC-verified
-      std::memcpy(slot.data, bytes.data(), bytes.size());
+      const size_t n = bytes.size() / sizeof(float);
+      std::span<const float> host;
+      if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+        host = {reinterpret_cast<const float*>(bytes.data()), n};
+      } else {
+        staging.resize(n);
+        std::memcpy(staging.data(), bytes.data(), bytes.size());
+        host = staging;
+      }
+      backend_cuda::copy_from_host(*model_, host, {slot.data, n});  // memcpy on CPU
     }
   } catch (const Error& e) {
     throw CheckpointError(e.code(), "cannot restore from " + ckpt.path() + ": " + e.what());
@@ -267,9 +294,14 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
 
 void Trainer::snapshot(supervisor::Snapshot& out) {
   out.reshape(specs_);
+  // One step-consistent copy of every tensor (device-to-host on CUDA, memcpy on CPU).
+  std::vector<backend_cuda::HostCopy> copies;
+  copies.reserve(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    std::memcpy(out.buffers[i].data(), slots_[i].data, out.buffers[i].size());
+    copies.push_back({slots_[i].data, out.buffers[i]});
   }
+  backend_cuda::start_snapshot(*model_, copies);
+  backend_cuda::finish_snapshot(*model_);
   const int64_t step = global_step();
   out.step = step;
   out.metadata["step"] = std::to_string(step);

@@ -51,6 +51,12 @@ class CheckpointError : public Error {
   CheckpointError(Code code, const std::string& message) : Error(code, message) {}
 };
 
+// Creates the model on the device the config asks for: `cpu`; `cuda` (Unavailable when this
+// build or machine has no usable GPU); `auto` = cuda when available, else cpu with an INFO line
+// saying why.
+std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
+                                                 const model::GPT2Config& shape);
+
 // The model shape the config asks for: the preset with the explicit fields applied, validated.
 // Throws InvalidArgument naming the config key (and file) that is wrong.
 model::GPT2Config model_config_for(const WorkerConfig& config);
@@ -103,7 +109,7 @@ class Trainer : public supervisor::TrainingState {
  private:
   struct Slot {
     supervisor::TensorSpec spec;
-    float* data;  // host memory of the CPU model
+    float* data;  // the model's memory (device memory on CUDA): moved with backend_cuda copies
   };
 
   WorkerConfig config_;
