@@ -81,10 +81,9 @@ int64_t metadata_int(const supervisor::TensorSource& ckpt, const std::string& ke
   const auto& md = ckpt.metadata();
   auto it = md.find(key);
   if (it == md.end()) {
-    throw CheckpointError(Code::kFailedPrecondition,
-                          "checkpoint " + ckpt.path() + " has no '" + key +
-                              "' metadata: it was not written by longhaul-worker; use it with "
-                              "checkpoint.init_from instead");
+    throw FailedPrecondition("checkpoint " + ckpt.path() + " has no '" + key +
+                             "' metadata: it was not written by longhaul-worker; use it with "
+                             "checkpoint.init_from instead");
   }
   try {
     size_t used = 0;
@@ -92,8 +91,8 @@ int64_t metadata_int(const supervisor::TensorSource& ckpt, const std::string& ke
     if (used == it->second.size()) return v;
   } catch (const std::exception&) {
   }
-  throw CheckpointError(Code::kDataLoss, "checkpoint " + ckpt.path() + " has a garbled '" + key +
-                                             "' metadata value '" + it->second + "'");
+  throw DataLoss("checkpoint " + ckpt.path() + " has a garbled '" + key + "' metadata value '" +
+                 it->second + "'");
 }
 
 }  // namespace
@@ -257,10 +256,9 @@ std::string Trainer::incompatibility(const supervisor::TensorSource& ckpt) const
 
 void Trainer::restore(const supervisor::TensorSource& ckpt) {
   if (std::string why = incompatibility(ckpt); !why.empty()) {
-    throw CheckpointError(Code::kFailedPrecondition,
-                          why +
-                              ". The logdir belongs to another model shape: use a new "
-                              "--logdir or the original model config");
+    throw FailedPrecondition(why +
+                             ". The logdir belongs to another model shape: use a new "
+                             "--logdir or the original model config");
   }
   const int64_t step = metadata_int(ckpt, "step");
   const int64_t opt_steps = metadata_int(ckpt, "optimizer_step_count");
@@ -281,8 +279,8 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
       }
       backend_cuda::copy_from_host(*model_, host, {slot.data, n});  // memcpy on CPU
     }
-  } catch (const Error& e) {
-    throw CheckpointError(e.code(), "cannot restore from " + ckpt.path() + ": " + e.what());
+  } catch (const Error& e) {  // same kind (DataLoss, FailedPrecondition, ...), file named
+    throw_error(e.code(), "cannot restore from " + ckpt.path() + ": " + e.what());
   }
   model_->set_optimizer_step_count(opt_steps);
   auto tokens = ckpt.metadata().find("train_tokens");

@@ -65,7 +65,7 @@ struct LogConfigSection {
 
 struct EvalConfigSection {
   int64_t every_steps = 50;  // validation loss every N steps (and at the end); 0 disables
-  int64_t batches = 20;     // validation batches per evaluation; 0 = the whole split
+  int64_t batches = 20;      // validation batches per evaluation; 0 = the whole split
 };
 
 struct SupervisorConfigSection {

@@ -9,7 +9,8 @@
 //   (JSON), seed, rng (the training RNG state; the CPU model draws no randomness after init,
 //   so it is the seed), train_tokens (tokens consumed), format "pt".
 // restore() checks every tensor's name, dtype and shape (and the model config) first and throws
-// CheckpointError(FailedPrecondition) naming the first mismatch; nothing is half-restored.
+// FailedPrecondition naming the first mismatch; nothing is half-restored. Corrupt tensor data
+// throws DataLoss naming the tensor and file. (The worker maps both to exit code 4.)
 //
 // Resume is exact: parameters, moments, the optimizer's step count, the LR schedule position
 // (a function of the step) and the data position are all restored, so N uninterrupted steps
@@ -44,8 +45,8 @@ class DataError : public Error {
   DataError(Code code, const std::string& message) : Error(code, message) {}
 };
 
-// A checkpoint or pre-trained file that cannot be used (another model shape, corrupt, wrong
-// metadata): the worker exits 4.
+// A pre-trained file (checkpoint.init_from) or a checkpoint given to `eval` that cannot be used:
+// the worker exits 4, as it does for FailedPrecondition/DataLoss from restore().
 class CheckpointError : public Error {
  public:
   CheckpointError(Code code, const std::string& message) : Error(code, message) {}
