@@ -3,9 +3,13 @@
 
 #include <chrono>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
@@ -34,6 +38,40 @@ auto as_data_error(Fn&& fn) {
     throw DataError(e.code(), e.what());
   }
 }
+
+// Bounds the time from a stop signal to exit: once armed, if the final checkpoint and the
+// supervisor's shutdown have not finished within `seconds`, logs an ERROR and exits the process
+// with 138 (retryable: the final checkpoint was not committed; the previous one is intact).
+// The thread is joined by the destructor on every path.
+class GraceWatchdog {
+ public:
+  ~GraceWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void arm(double seconds) {
+    if (thread_.joinable()) return;
+    thread_ = std::thread([this, seconds] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) {
+        LH_LOG(ERROR) << "grace period ran out before the final checkpoint was committed; "
+                         "exiting (the previous checkpoint is intact)"
+                      << kv("grace_period_secs", seconds);
+        std::_Exit(138);
+      }
+    });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -127,6 +165,7 @@ RunResult run_training(const RunOptions& options) {
   if (options.handle_signals) signals.emplace(sv);
 
   RunResult result;
+  GraceWatchdog watchdog;  // declared after `signals`: joined before the handler is removed
   const int64_t log_every = config.log.every_steps;
   const int64_t summary_every = config.summaries.every_steps;
   const int64_t eval_every = config.eval.every_steps;
@@ -196,6 +235,7 @@ RunResult run_training(const RunOptions& options) {
       }
       sv.step_boundary(s.step);
     }
+    if (signals && signals->signal_received() != 0) watchdog.arm(config.grace_period_secs);
     if (eval_every > 0 && trainer.global_step() >= t.max_steps &&
         last_eval_step != trainer.global_step() && !sv.should_stop()) {
       run_eval(trainer.global_step());
