@@ -12,7 +12,8 @@
 //        names the first mismatched tensor), a garbled checkpoint given to eval, an unusable
 //        checkpoint.init_from file
 //   130  stopped by SIGINT (Ctrl-C) after the final checkpoint was committed
-//   138  aborted: a peer was lost or a collective failed; retry the whole group
+//   138  aborted: a peer was lost or a collective failed (retry the whole group), or the grace
+//        period after SIGTERM ran out before the final checkpoint committed (retry)
 //   143  stopped by SIGTERM (preemption) after the final checkpoint was committed
 //
 // A corrupt or truncated LATEST checkpoint is not an error: training falls back to the previous
