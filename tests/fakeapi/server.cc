@@ -293,6 +293,9 @@ json FakeApiServer::Impl::discovery(const std::vector<std::string>& seg) const {
 void FakeApiServer::Impl::log_request(RequestRecord record) {
   {
     std::lock_guard<std::mutex> lock(log_mu);
+    if (log.size() >= std::max<size_t>(options.request_log_limit, 2)) {
+      log.erase(log.begin(), log.begin() + static_cast<long>(log.size() / 2));
+    }
     log.push_back(std::move(record));
   }
   notifier.bump();
@@ -643,8 +646,9 @@ void FakeApiServer::Impl::serve_watch(const http::Request& request, const Route&
   const http::Headers headers = kJsonHeaders;
   std::shared_ptr<Watcher> watcher;
   try {
-    watcher = store.watch(r.type, r.ns, std::move(labels), std::move(fields),
-                          request.param("resourceVersion"));
+    watcher =
+        store.watch(r.type, r.ns, std::move(labels), std::move(fields),
+                    request.param("resourceVersion"), truthy(request.param("sendInitialEvents")));
   } catch (const StatusError& error) {
     if (error.http_status() != 410) throw;
     // The real server answers 200 and sends the 410 Status as an ERROR event.

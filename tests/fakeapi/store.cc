@@ -121,6 +121,47 @@ bool spec_changed(const ResourceType& type, const json& before, const json& afte
   return a != b;
 }
 
+// Pod specs are immutable except a few fields (the real server's validation); a client that
+// tries more gets 422 here rather than first on a real cluster.
+std::string forbidden_pod_spec_change(const json& before, const json& after) {
+  auto normalize = [](json spec) {
+    if (!spec.is_object()) return spec;
+    for (const char* list : {"containers", "initContainers", "ephemeralContainers"}) {
+      if (spec.contains(list) && spec[list].is_array()) {
+        for (json& c : spec[list]) {
+          if (c.is_object()) c.erase("image");
+        }
+      }
+    }
+    for (const char* k : {"activeDeadlineSeconds", "tolerations", "schedulingGates",
+                          "terminationGracePeriodSeconds"}) {
+      spec.erase(k);
+    }
+    return spec;
+  };
+  json a = before.contains("spec") ? before["spec"] : json::object();
+  json b = after.contains("spec") ? after["spec"] : json::object();
+  if (normalize(a) == normalize(b)) return {};
+  return "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+         "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
+         "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be "
+         "set to 1 if it was previously negative)";
+}
+
+std::string forbidden_claim_spec_change(const json& before, const json& after) {
+  auto normalize = [](json spec) {
+    if (spec.is_object() && spec.contains("resources") && spec["resources"].is_object()) {
+      spec["resources"].erase("requests");
+    }
+    return spec;
+  };
+  json a = before.contains("spec") ? before["spec"] : json::object();
+  json b = after.contains("spec") ? after["spec"] : json::object();
+  if (normalize(a) == normalize(b)) return {};
+  return "Forbidden: spec is immutable after creation except resources.requests and "
+         "volumeAttributesClassName for bound claims";
+}
+
 void default_pod(json& pod) {
   json& spec = pod["spec"];
   if (!spec.is_object()) spec = json::object();
@@ -760,6 +801,14 @@ json Store::update_locked(const ResourceType& type, const std::string& ns, const
   next["apiVersion"] = type.api_version();
   next["metadata"]["resourceVersion"] = metadata_of(existing)["resourceVersion"];
   if (next == existing) return existing;  // a no-op write changes nothing, not even the version
+  if (!status_only && type.group.empty()) {
+    std::string forbidden;
+    if (type.plural == "pods") forbidden = forbidden_pod_spec_change(existing, next);
+    if (type.plural == "persistentvolumeclaims") {
+      forbidden = forbidden_claim_spec_change(existing, next);
+    }
+    if (!forbidden.empty()) throw invalid(type, name, "spec", forbidden);
+  }
   if (!status_only && spec_changed(type, existing, next)) {
     next["metadata"]["generation"] = metadata_of(existing).value("generation", 0) + 1;
   }
@@ -1061,17 +1110,19 @@ void Store::expire_history() {
 
 std::shared_ptr<Watcher> Store::watch(const ResourceType& type, const std::string& ns,
                                       LabelSelector labels, FieldSelector fields,
-                                      const std::string& resource_version) {
+                                      const std::string& resource_version,
+                                      bool send_initial_events) {
   std::lock_guard<std::mutex> lock(mu_);
   auto watcher = std::make_shared<Watcher>(type, ns, std::move(labels), std::move(fields),
                                            options_.max_watch_queue);
-  if (resource_version.empty() || resource_version == "0") {
+  if (resource_version.empty() || resource_version == "0" || send_initial_events) {
     for (const auto& [key, object] : objects_of(type)) {
       Event event{
           resource_version_,     type.id(), EventType::kAdded,
           selector_view(object), json(),    std::make_shared<const std::string>(object.dump())};
       deliver_locked(*watcher, event);
     }
+    if (send_initial_events) bookmark_locked(*watcher, true);
   } else {
     uint64_t rv = parse_resource_version(resource_version);
     if (rv < oldest_watchable_) {
@@ -1098,9 +1149,16 @@ void Store::unwatch(const std::shared_ptr<Watcher>& watcher) {
 
 void Store::bookmark(Watcher& watcher) {
   std::lock_guard<std::mutex> lock(mu_);
+  bookmark_locked(watcher, false);
+}
+
+void Store::bookmark_locked(Watcher& watcher, bool initial_events_end) {
   json object = {{"kind", watcher.type().kind},
                  {"apiVersion", watcher.type().api_version()},
                  {"metadata", {{"resourceVersion", std::to_string(resource_version_)}}}};
+  if (initial_events_end) {
+    object["metadata"]["annotations"] = {{"k8s.io/initial-events-end", "true"}};
+  }
   watcher.push("{\"type\":\"BOOKMARK\",\"object\":" + object.dump() + "}\n");
 }
 

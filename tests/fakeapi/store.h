@@ -118,9 +118,12 @@ class Store {
   // Opens a watch. resource_version "" or "0": synthetic ADDED events for every current object
   // first; otherwise the history after that version is replayed. Throws StatusError 410 Expired
   // when the version is older than the history.
+  // send_initial_events (sendInitialEvents=true): synthetic ADDED events for every current
+  // object, then a BOOKMARK annotated "k8s.io/initial-events-end": "true".
   std::shared_ptr<Watcher> watch(const ResourceType& type, const std::string& ns,
                                  LabelSelector labels, FieldSelector fields,
-                                 const std::string& resource_version);
+                                 const std::string& resource_version,
+                                 bool send_initial_events = false);
   void unwatch(const std::shared_ptr<Watcher>& watcher);
   // Queues a BOOKMARK at the current resourceVersion behind every event already queued.
   void bookmark(Watcher& watcher);
@@ -155,6 +158,7 @@ class Store {
   void commit_locked(const ResourceType& type, EventType event_type, const json& object,
                      const json* previous);
   void deliver_locked(Watcher& watcher, const Event& event) const;
+  void bookmark_locked(Watcher& watcher, bool initial_events_end);
   uint64_t next_resource_version_locked();
   std::string generate_name_locked(const std::string& prefix);
   std::string new_uid_locked();

@@ -136,6 +136,20 @@ TEST_F(FakeApiTest, UpdateWithStaleResourceVersionIsConflict) {
   expect_status(client_->put(kPods + "/a", pod("b")), 400, "BadRequest");
 }
 
+TEST_F(FakeApiTest, PodSpecIsImmutableExceptImages) {
+  json created = create_pod("a");
+  json new_image = created;
+  new_image["spec"]["containers"][0]["image"] = "busybox:1.37";
+  Response ok = client_->put(kPods + "/a", new_image);
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.json_body()["metadata"]["generation"], 2);
+  json moved = ok.json_body();
+  moved["spec"]["nodeName"] = "node-1";  // scheduling goes through pods/binding
+  expect_status(client_->put(kPods + "/a", moved), 422, "Invalid");
+  expect_status(client_->patch(kPods + "/a", {{"spec", {{"restartPolicy", "Never"}}}}), 422,
+                "Invalid");
+}
+
 TEST_F(FakeApiTest, CustomResourceUpdateRequiresResourceVersion) {
   json job = client_->post(kJobs, training_job("j")).json_body();
   job["metadata"].erase("resourceVersion");

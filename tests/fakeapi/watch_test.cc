@@ -58,6 +58,22 @@ TEST_F(FakeApiTest, WatchWithoutVersionStartsWithSyntheticAddedEvents) {
   EXPECT_EQ((*e)["object"]["metadata"]["name"], "c");
 }
 
+TEST_F(FakeApiTest, SendInitialEventsEndsWithAnAnnotatedBookmark) {
+  create_pod("a");
+  TestHttpClient watch(server_->port());
+  watch.start_watch(kPods +
+                    "?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&"
+                    "resourceVersionMatch=NotOlderThan");
+  std::optional<json> added = watch.next_event();
+  std::optional<json> end = watch.next_event();
+  ASSERT_TRUE(added && end);
+  EXPECT_EQ((*added)["type"], "ADDED");
+  EXPECT_EQ((*end)["type"], "BOOKMARK");
+  EXPECT_EQ((*end)["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+  EXPECT_EQ((*end)["object"]["metadata"]["resourceVersion"],
+            std::to_string(server_->resource_version()));
+}
+
 TEST_F(FakeApiTest, WatchResumesFromResourceVersion) {
   json a = create_pod("a");
   create_pod("b");

@@ -121,6 +121,9 @@ struct Options {
   std::string default_node_name;
   // Acts as the volume binder: new PersistentVolumeClaims get status.phase Bound immediately.
   bool bind_persistent_volume_claims = true;
+  // The request log keeps at most this many records (the oldest half is dropped beyond it), so
+  // long benchmarks stay bounded; count_requests() counts what is kept.
+  size_t request_log_limit = 200000;
   uint64_t fault_seed = 1;
   std::vector<ResourceType> resource_types = default_resource_types();
 };
