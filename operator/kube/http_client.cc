@@ -404,6 +404,16 @@ json HttpClient::list(const Resource& r, std::string_view ns, const ListOptions&
       continue;
     }
     if (!page.contains("items") || page["items"].is_null()) page["items"] = json::array();
+    // The continue token of this page says whether another page follows.
+    continue_token.clear();
+    if (page.contains("metadata") && page["metadata"].is_object()) {
+      auto& metadata = page["metadata"];
+      if (metadata.contains("continue") && metadata["continue"].is_string()) {
+        continue_token = metadata["continue"].get<std::string>();
+      }
+      metadata.erase("continue");
+      metadata.erase("remainingItemCount");
+    }
     if (result.is_null()) {
       result = std::move(page);
     } else {
@@ -411,15 +421,6 @@ json HttpClient::list(const Resource& r, std::string_view ns, const ListOptions&
       if (page.contains("metadata") && page["metadata"].contains("resourceVersion")) {
         result["metadata"]["resourceVersion"] = page["metadata"]["resourceVersion"];
       }
-    }
-    continue_token.clear();
-    if (result.contains("metadata") && result["metadata"].is_object()) {
-      auto& metadata = result["metadata"];
-      if (metadata.contains("continue") && metadata["continue"].is_string()) {
-        continue_token = metadata["continue"].get<std::string>();
-      }
-      metadata.erase("continue");
-      metadata.erase("remainingItemCount");
     }
     if (continue_token.empty()) return result;
   }
