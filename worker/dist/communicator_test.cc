@@ -1,0 +1,336 @@
+// Rendezvous, collectives and DataParallel with ranks as threads of one process (fast): the
+// multi-process tests of the worker binary are in tests/worker/dist_*_test.cc.
+#include "longhaul/dist/communicator.h"
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <latch>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+#include "longhaul/dist/data_parallel.h"
+#include "longhaul/model/gpt2_cpu.h"
+
+namespace longhaul::dist {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// A non-owning view of a communicator, for DataParallel (which owns its communicator).
+class ProxyCommunicator : public Communicator {
+ public:
+  explicit ProxyCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  void allreduce_sum(std::span<float> d) override { inner_.allreduce_sum(d); }
+  void allreduce_max(std::span<int64_t> d) override { inner_.allreduce_max(d); }
+  void broadcast(std::span<std::byte> d, int root, std::chrono::milliseconds t) override {
+    inner_.broadcast(d, root, t);
+  }
+  void barrier() override { inner_.barrier(); }
+
+ private:
+  Communicator& inner_;
+};
+
+class CommunicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    logdir_ = fs::temp_directory_path() /
+              ("dist_comm_test_" + std::to_string(::getpid()) + "_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(logdir_);
+    fs::create_directories(logdir_);
+  }
+  void TearDown() override { fs::remove_all(logdir_); }
+
+  RendezvousOptions options(int rank, int world, std::string attempt = "0") {
+    RendezvousOptions o;
+    o.logdir = logdir_;
+    o.attempt = std::move(attempt);
+    o.rank = rank;
+    o.world_size = world;
+    o.recovery_wait_secs = 0.02;
+    o.max_wait_secs = 20;
+    o.collective_timeout_secs = 10;
+    return o;
+  }
+
+  // Runs fn(rank, communicator) on `world` threads; rethrows the first failure.
+  void run_group(int world, const std::function<void(int, Communicator&)>& fn,
+                 AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing,
+                 const std::string& attempt = "0") {
+    std::vector<std::future<void>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::async(std::launch::async, [&, r] {
+        auto o = options(r, world, attempt);
+        o.algorithm = algorithm;
+        auto comm = rendezvous(o);
+        fn(r, *comm);
+      }));
+    }
+    for (auto& f : ranks) f.get();
+  }
+
+  fs::path logdir_;
+};
+
+class AllreduceAlgorithmTest : public CommunicatorTest,
+                               public ::testing::WithParamInterface<AllreduceAlgorithm> {};
+
+TEST_P(AllreduceAlgorithmTest, ThreeRanksSumAndBroadcast) {
+  run_group(
+      3,
+      [](int rank, Communicator& comm) {
+        EXPECT_EQ(comm.rank(), rank);
+        EXPECT_EQ(comm.world_size(), 3);
+        std::vector<float> v(1001);
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = static_cast<float>(rank + 1) * static_cast<float>(i);
+        comm.allreduce_sum(v);
+        for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], 6.0f * static_cast<float>(i)) << i;
+        comm.allreduce_sum(v);  // a second call reuses the cached plan
+        EXPECT_EQ(v[10], 180.0f);
+        std::vector<int64_t> m{rank, -rank};
+        comm.allreduce_max(m);
+        EXPECT_EQ(m, (std::vector<int64_t>{2, 0}));
+        std::string text = rank == 1 ? "from rank one" : "xxxxxxxxxxxxx";
+        comm.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 1);
+        EXPECT_EQ(text, "from rank one");
+        comm.barrier();
+      },
+      GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, AllreduceAlgorithmTest,
+                         ::testing::Values(AllreduceAlgorithm::kRing,
+                                           AllreduceAlgorithm::kHalvingDoubling,
+                                           AllreduceAlgorithm::kBcube));
+
+TEST_F(CommunicatorTest, ParsesAlgorithmNames) {
+  EXPECT_EQ(parse_allreduce_algorithm("halving-doubling"), AllreduceAlgorithm::kHalvingDoubling);
+  EXPECT_THROW(parse_allreduce_algorithm("tree"), InvalidArgument);
+}
+
+TEST_F(CommunicatorTest, SingleReplicaNeedsNoRendezvous) {
+  auto comm = rendezvous(options(0, 1));
+  std::vector<float> v{1, 2};
+  comm->allreduce_sum(v);
+  EXPECT_EQ(v, (std::vector<float>{1, 2}));
+  EXPECT_FALSE(fs::exists(rendezvous_dir(logdir_, "0")));
+}
+
+TEST_F(CommunicatorTest, ChiefThatNeverComesIsDeadlineExceededNamingMissingRanks) {
+  auto o = options(1, 3);
+  o.max_wait_secs = 0.3;
+  try {
+    rendezvous(o);
+    FAIL() << "rendezvous returned without peers";
+  } catch (const DeadlineExceeded& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("rank(s) 0 (the chief never opened the rendezvous), 2 never arrived"));
+    EXPECT_THAT(e.what(), HasSubstr("max_wait_secs"));
+  }
+}
+
+TEST_F(CommunicatorTest, ChiefWaitingForAWorkerNamesIt) {
+  auto o = options(0, 2);
+  o.max_wait_secs = 0.3;
+  try {
+    rendezvous(o);
+    FAIL();
+  } catch (const DeadlineExceeded& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank(s) 1 never arrived"));
+  }
+}
+
+TEST_F(CommunicatorTest, NonChiefStartedEarlyWaitsForTheChief) {
+  std::atomic<bool> waiting{false};
+  auto worker = std::async(std::launch::async, [&] {
+    auto o = options(1, 2);
+    o.cancelled = [&] {
+      waiting = true;
+      return false;
+    };
+    auto comm = rendezvous(o);
+    std::vector<float> v{1};
+    comm->allreduce_sum(v);
+    return v[0];
+  });
+  // The worker is polling (it has called the cancellation probe) before the chief exists.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!waiting && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_TRUE(waiting);
+  auto chief = rendezvous(options(0, 2));
+  std::vector<float> v{2};
+  chief->allreduce_sum(v);
+  EXPECT_EQ(v[0], 3.0f);
+  EXPECT_EQ(worker.get(), 3.0f);
+}
+
+TEST_F(CommunicatorTest, ReusedAttemptFolderIsReplacedNotFatal) {
+  for (int round = 0; round < 2; ++round) {
+    run_group(2, [](int, Communicator& comm) {
+      std::vector<float> v{1};
+      comm.allreduce_sum(v);
+      EXPECT_EQ(v[0], 2.0f);
+    });
+  }
+}
+
+TEST_F(CommunicatorTest, ChiefRemovesStaleAttemptFolders) {
+  fs::create_directories(rendezvous_dir(logdir_, "old-attempt") / "junk");
+  run_group(
+      2, [](int, Communicator& comm) { comm.barrier(); }, AllreduceAlgorithm::kRing, "new");
+  EXPECT_FALSE(fs::exists(rendezvous_dir(logdir_, "old-attempt")));
+  EXPECT_TRUE(fs::exists(rendezvous_dir(logdir_, "new")));
+}
+
+TEST_F(CommunicatorTest, CancelledWhileWaiting) {
+  auto o = options(1, 2);
+  o.cancelled = [] { return true; };
+  EXPECT_THROW(rendezvous(o), Cancelled);
+}
+
+TEST_F(CommunicatorTest, DeadPeerAbortsTheCollectiveAtOnce) {
+  std::latch connected(2);
+  auto survivor = std::async(std::launch::async, [&] {
+    auto comm = rendezvous(options(0, 2));
+    connected.count_down();
+    std::vector<float> v(100, 1.0f);
+    comm->allreduce_sum(v);  // the peer closes its sockets instead of joining
+  });
+  {
+    auto peer = rendezvous(options(1, 2));
+    connected.arrive_and_wait();
+  }  // destroyed: its connections close
+  try {
+    survivor.get();
+    FAIL() << "the all-reduce with a dead peer succeeded";
+  } catch (const Aborted& e) {
+    EXPECT_THAT(e.what(), HasSubstr("all-reduce of 100 floats failed on rank 0 of 2"));
+    EXPECT_THAT(e.what(), HasSubstr("138"));
+  }
+}
+
+TEST_F(CommunicatorTest, HungPeerAbortsAfterTheCollectiveTimeout) {
+  std::latch done(1);
+  std::latch connected(2);
+  auto peer = std::async(std::launch::async, [&] {
+    auto o = options(1, 2);
+    o.collective_timeout_secs = 0.5;
+    auto comm = rendezvous(o);
+    connected.count_down();
+    done.wait();  // alive but never joins the collective
+  });
+  auto o = options(0, 2);
+  o.collective_timeout_secs = 0.5;
+  auto comm = rendezvous(o);
+  connected.arrive_and_wait();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> v(10, 1.0f);
+  EXPECT_THROW(comm->allreduce_sum(v), Aborted);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 0.4);
+  EXPECT_THROW(comm->barrier(), Aborted) << "a failed group stays failed";
+  done.count_down();
+  peer.get();
+}
+
+// A TrainingState of two tensors and some metadata.
+class FakeState : public supervisor::TrainingState {
+ public:
+  explicit FakeState(int n) : a_(static_cast<size_t>(n)), b_(3) {}
+  std::vector<supervisor::TensorSpec> tensor_specs() const override {
+    return {{"a", supervisor::DType::kF32, {static_cast<int64_t>(a_.size())}},
+            {"b", supervisor::DType::kF32, {3}}};
+  }
+  void initialize() override {}
+  void restore(const supervisor::TensorSource& src) override {
+    std::memcpy(a_.data(), src.data("a").data(), a_.size() * 4);
+    std::memcpy(b_.data(), src.data("b").data(), 12);
+    step_ = std::stoll(src.metadata().at("step"));
+    position_ = src.metadata().at("data_position");
+  }
+  void snapshot(supervisor::Snapshot& out) override {
+    out.reshape(tensor_specs());
+    std::memcpy(out.buffers[0].data(), a_.data(), a_.size() * 4);
+    std::memcpy(out.buffers[1].data(), b_.data(), 12);
+    out.step = step_;
+    out.metadata = {{"step", std::to_string(step_)}, {"data_position", position_}};
+  }
+  int64_t global_step() const override { return step_; }
+
+  std::vector<float> a_, b_;
+  int64_t step_ = 0;
+  std::string position_ = "start";
+};
+
+TEST_F(CommunicatorTest, BroadcastStateMakesEveryRankTheChiefsCopy) {
+  run_group(3, [](int rank, Communicator& comm) {
+    FakeState state(1000);
+    std::fill(state.a_.begin(), state.a_.end(), static_cast<float>(rank));
+    state.b_ = {1.5f * static_cast<float>(rank), 2, 3};
+    state.step_ = rank == 0 ? 42 : 0;
+    state.position_ = rank == 0 ? R"({"epoch":1})" : "other";
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm));
+    dp.broadcast_state(state);
+    EXPECT_EQ(state.a_, std::vector<float>(1000, 0.0f));
+    EXPECT_EQ(state.b_, (std::vector<float>{0, 2, 3}));
+    EXPECT_EQ(state.step_, 42);
+    EXPECT_EQ(state.position_, R"({"epoch":1})");
+  });
+}
+
+TEST_F(CommunicatorTest, BroadcastStateRefusesAnotherModelShape) {
+  std::atomic<int> refused{0};
+  run_group(2, [&](int rank, Communicator& comm) {
+    FakeState state(rank == 0 ? 10 : 11);
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm));
+    try {
+      dp.broadcast_state(state);
+    } catch (const FailedPrecondition& e) {
+      EXPECT_THAT(e.what(), HasSubstr("tensor 0"));
+      EXPECT_THAT(e.what(), HasSubstr("same model config"));
+      ++refused;
+      return;  // leaving closes this rank's connections
+    } catch (const Aborted&) {
+      return;  // the chief: its peer left after refusing
+    }
+  });
+  EXPECT_EQ(refused, 1);
+}
+
+TEST_F(CommunicatorTest, AnyStopEndsEveryRankAndTellsWhoStopped) {
+  run_group(3, [](int rank, Communicator& comm) {
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm));
+    EXPECT_FALSE(dp.any_stop(false));
+    EXPECT_TRUE(dp.any_stop(rank == 2));
+    EXPECT_EQ(dp.stop_requested_by_peer(), rank != 2);
+  });
+}
+
+TEST_F(CommunicatorTest, AverageGradientsOfTheCpuModelIsTheMean) {
+  model::GPT2Config config{
+      .vocab_size = 16, .context_length = 8, .n_layer = 1, .n_head = 2, .n_embd = 8};
+  run_group(2, [&](int rank, Communicator& comm) {
+    auto model = model::make_cpu_gpt2(config, 1, 8);
+    auto grads = model->gradients_flat();
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(rank * 2 + i % 3);
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm));
+    dp.average_gradients(*model);
+    for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], 1.0f + static_cast<float>(i % 3));
+  });
+}
+
+}  // namespace
+}  // namespace longhaul::dist

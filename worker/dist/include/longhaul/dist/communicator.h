@@ -1,0 +1,91 @@
+// Collectives between the replicas of one data-parallel group, and the rendezvous that forms
+// the group through the shared logdir.
+//
+// Rendezvous (rendezvous()): every replica of one attempt meets in
+// `<logdir>/.rendezvous/<attempt>/`, a folder named by LONGHAUL_RESTART_ATTEMPT so that all
+// replicas agree on it without talking to each other.
+//   1. The chief (rank 0) removes the other attempt folders (stale), picks a fresh random
+//      generation id G and writes `generation` (atomic rename), then `arrived.G.0`.
+//   2. Every other rank writes `present.<rank>` (so a timeout can name who is missing even
+//      before the chief came) and polls every recovery_wait_secs: it reads `generation` and writes
+//      `arrived.G.<rank>` (rewriting it if the chief's clean-up removed it). A generation whose
+//      arrival file for this rank was written by another process is stale (a previous run with
+//      the same attempt id): the rank waits for the chief to write a new one.
+//   3. Once `arrived.G.<r>` exists for every rank, the ranks connect a full mesh of Gloo TCP
+//      pairs through a gloo::rendezvous::FileStore in the same folder, with keys under the
+//      prefix G (so a reused folder never holds a key twice).
+//   After max_wait_secs without all ranks, rendezvous() throws DeadlineExceeded naming the
+//   ranks that never arrived ("rank 0 (chief 0)" when the chief never wrote a generation).
+//
+// Failure semantics of every collective: a peer that died (its sockets closed) is noticed at
+// once; a peer that hangs or a cut network is noticed after collective_timeout_secs. Either way
+// the collective throws Aborted naming the operation and the peers, and the communicator is
+// unusable afterwards: the process must exit with the retryable code 138 and the group restarts.
+//
+// Thread-safety: a Communicator is used by one thread at a time (the training thread).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace longhaul::dist {
+
+// Gloo all-reduce algorithm for the CPU path.
+enum class AllreduceAlgorithm { kRing, kHalvingDoubling, kBcube };
+// "ring" | "halving-doubling" | "bcube"; throws InvalidArgument listing the names.
+AllreduceAlgorithm parse_allreduce_algorithm(std::string_view name);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Element-wise sum over all ranks, in place (host memory).
+  virtual void allreduce_sum(std::span<float> data) = 0;
+  // Element-wise max over all ranks, in place.
+  virtual void allreduce_max(std::span<int64_t> data) = 0;
+  // Copies `data` of rank `root` into `data` on every rank (same size on all ranks).
+  // `timeout` overrides the collective timeout for this call (e.g. the first broadcast, which
+  // waits while the chief restores a large checkpoint); zero means the default.
+  virtual void broadcast(std::span<std::byte> data, int root,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  virtual void barrier() = 0;
+};
+
+struct RendezvousOptions {
+  std::filesystem::path logdir;  // shared by every replica
+  std::string attempt = "0";     // folder under <logdir>/.rendezvous
+  int rank = 0;
+  int world_size = 1;
+  std::string bind_host = "127.0.0.1";   // Gloo TCP binds here (ignored when bind_iface is set)
+  std::string bind_iface;                // network interface, e.g. "eth0"
+  double recovery_wait_secs = 30;        // poll interval while waiting for peers
+  double max_wait_secs = 7200;           // DeadlineExceeded after this
+  double collective_timeout_secs = 300;  // a hung peer is declared lost after this
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
+  // Polled while waiting; returning true abandons the rendezvous with Cancelled (a SIGTERM).
+  std::function<bool()> cancelled;
+};
+
+// Forms the group (see the top of this file). world_size 1 returns a communicator whose
+// collectives are no-ops. Throws DeadlineExceeded (peers never came), Cancelled, Aborted (the
+// mesh could not be connected: a peer died during rendezvous), InvalidArgument (bad bind
+// address), PermissionDenied (the logdir is not writable).
+std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& options);
+
+// The folder of one attempt: <logdir>/.rendezvous/<attempt>.
+std::filesystem::path rendezvous_dir(const std::filesystem::path& logdir,
+                                     const std::string& attempt);
+
+// Removes <logdir>/.rendezvous/<attempt> (the chief calls it after a finished run). Never
+// throws; logs a warning on failure.
+void remove_rendezvous_dir(const std::filesystem::path& logdir, const std::string& attempt);
+
+}  // namespace longhaul::dist

@@ -1,0 +1,31 @@
+// NCCL all-reduce of device gradients for CUDA models (built only when LONGHAUL_HAVE_CUDA and
+// NCCL are found; nccl_available() says which).
+//
+// Bootstrap: rank 0 creates an ncclUniqueId and sends it to the others over the Gloo
+// communicator that the logdir rendezvous formed (communicator.h), so NCCL needs no extra
+// rendezvous. The NCCL communicator is created non-blocking so that a lost peer cannot hang the
+// process: allreduce_mean polls the stream and ncclCommGetAsyncError, and after
+// `timeout` (or on an async error) aborts the communicator (ncclCommAbort) and throws Aborted.
+//
+// The reduction is ncclAvg: after allreduce_mean the buffer holds the mean over ranks.
+//
+// Thread-safety: one training thread; the model's CUDA device must be current on it.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "longhaul/dist/communicator.h"
+#include "longhaul/dist/data_parallel.h"
+
+namespace longhaul::dist {
+
+// True when this build has NCCL.
+bool nccl_available();
+
+// Creates the NCCL communicator for `comm`'s group on CUDA device `device`. Throws
+// FailedPrecondition when the build has no NCCL, Aborted when NCCL cannot form the group.
+std::unique_ptr<DeviceAllreduce> make_nccl_allreduce(Communicator& comm, int device,
+                                                     std::chrono::milliseconds timeout);
+
+}  // namespace longhaul::dist
