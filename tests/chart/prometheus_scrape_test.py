@@ -199,6 +199,9 @@ def main() -> int:
         print(f"FAILED: no executable given for {', '.join(missing)}", file=sys.stderr)
         return 1
 
+    for name in ("worker", "operator", "fake_apiserver", "prometheus", "promtool"):
+        setattr(args, name, os.path.abspath(getattr(args, name)))  # children run in workdir
+
     if args.workdir:
         workdir = pathlib.Path(args.workdir)
         shutil.rmtree(workdir, ignore_errors=True)
