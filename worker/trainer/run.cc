@@ -131,6 +131,7 @@ RunResult run_training(const RunOptions& options) {
   }
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
+  if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);
 
   // 4. Supervisor.
   supervisor::SupervisorOptions so;
@@ -170,6 +171,7 @@ RunResult run_training(const RunOptions& options) {
   const int64_t summary_every = config.summaries.every_steps;
   const int64_t eval_every = config.eval.every_steps;
   sv.managed_session(trainer, [&](supervisor::Supervisor& sv) {
+    if (options.sync_state) options.sync_state(trainer);
     const int64_t start_step = trainer.global_step();
     result.restored_step = sv.restored_step();
     if (options.on_session_start)
@@ -201,7 +203,10 @@ RunResult run_training(const RunOptions& options) {
       }
       last_eval_step = step;
     };
-    while (!sv.should_stop() && trainer.global_step() < t.max_steps) {
+    auto stopping = [&] {
+      return options.agree_stop ? options.agree_stop(sv.should_stop()) : sv.should_stop();
+    };
+    while (!stopping() && trainer.global_step() < t.max_steps) {
       const StepStats s = trainer.train_step();
       result.last_loss = s.loss;
       ema_step_seconds =

@@ -336,7 +336,9 @@ StepStats Trainer::train_step() {
   }
   StepStats stats;
   stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
-  // Data-parallel replicas all-reduce gradients here (the dist layer, a later issue).
+  // Data-parallel replicas average gradients here (longhaul/dist), so the norm, clipping and
+  // the optimizer step are identical on every replica.
+  if (gradient_hook_) gradient_hook_(*model_);
   const float norm = model_->gradient_norm();
   const float clip = static_cast<float>(t.grad_clip);
   const float grad_scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;

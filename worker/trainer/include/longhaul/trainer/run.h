@@ -41,6 +41,17 @@ struct RunOptions {
   std::vector<supervisor::CheckpointListener*> checkpoint_listeners;
   std::ostream* progress = nullptr;  // progress lines; null = stdout
   bool handle_signals = true;        // install the SIGTERM/SIGINT handler
+
+  // Data-parallel replicas (set from longhaul/dist/data_parallel.h; empty for one replica).
+  // All are called on the training thread, by every replica at the same points.
+  // First thing in the session, after restore/initialisation: make this replica's whole state
+  // the chief's (parameters, moments, step, data position).
+  std::function<void(supervisor::TrainingState&)> sync_state;
+  // After each step's backward pass, before the gradient norm: average the gradients.
+  std::function<void(model::LanguageModel&)> reduce_gradients;
+  // At the top of every step with this replica's stop request; returns true when any replica
+  // stops, so that all leave the loop at the same step.
+  std::function<bool(bool local_stop)> agree_stop;
 };
 
 struct RunResult {

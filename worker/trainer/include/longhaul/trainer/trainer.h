@@ -97,6 +97,12 @@ class Trainer : public supervisor::TrainingState {
   void load_pretrained(const supervisor::TensorSource& source,
                        const std::map<std::string, std::string>& name_map);
 
+  // Called in train_step after the backward pass of the last micro-batch and before the
+  // gradient norm: data-parallel replicas average the model's gradients there.
+  void set_gradient_hook(std::function<void(model::LanguageModel&)> hook) {
+    gradient_hook_ = std::move(hook);
+  }
+
   model::LanguageModel& model() { return *model_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
   int64_t tokens_per_step() const { return accumulation_steps_ * batch_tokens_; }
@@ -127,6 +133,7 @@ class Trainer : public supervisor::TrainingState {
   int64_t train_tokens_ = 0;
   bool initialized_ = false;
   std::vector<int32_t> inputs_, targets_;
+  std::function<void(model::LanguageModel&)> gradient_hook_;
 };
 
 // Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).
