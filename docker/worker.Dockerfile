@@ -69,18 +69,19 @@ RUN apt-get update -qq \
       --shell /usr/sbin/nologin longhaul
 
 COPY --from=build /out/longhaul-worker /usr/local/bin/longhaul-worker
+# The NVIDIA container toolkit mounts the driver for these capabilities; the CUDA libraries live
+# under /usr/local/cuda (set before the check below so that it sees what the container sees).
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64
 # Fail the image build, not the first training job, when a shared library is missing
 # (libcuda.so.1 is the node's driver, mounted at run time).
 RUN missing="$(ldd /usr/local/bin/longhaul-worker | grep 'not found' | grep -v 'libcuda\.so' || true)"; \
     if [ -n "$missing" ]; then echo "longhaul-worker lacks runtime libraries:"; echo "$missing"; exit 1; fi
 
-# The NVIDIA container toolkit mounts the driver for these capabilities.
-ENV NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    LD_LIBRARY_PATH=/usr/local/cuda/lib64
 USER 65532:65532
 WORKDIR /home/longhaul
-# Prometheus metrics (metrics_port in the worker config; the chart's PodMonitor scrapes the
+# Prometheus metrics (`train --metrics-port 9400` or metrics_port in the config; the chart's PodMonitor scrapes the
 # container port named "metrics").
 EXPOSE 9400
 ENTRYPOINT ["longhaul-worker"]
