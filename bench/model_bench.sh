@@ -2,26 +2,30 @@
 # CPU training throughput: longhaul's CPU GPT-2 vs PyTorch on the same machine, same configs
 # (presets tiny and small-4x256), same batch shapes, AdamW and clipping, same thread count.
 #
-#   bench/model_bench.sh [--threads N] [--steps N] [--batch B]
+#   bench/model_bench.sh [--threads N] [--steps N] [--rounds R] [--batch B]
+#
+# Each side reports its best round of --steps timed steps (see model_bench.cc).
 #
 # Builds the model_bench target in build/bench-model (Release), installs Debian's python3-torch
 # when /usr/bin/python3 cannot import torch, runs both, and prints one table. Results for the
 # development machine are recorded in bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=2 steps=20 batch=8
+threads=2 steps=10 rounds=3 batch=8
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --threads) threads="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
     --batch) batch="$2"; shift 2 ;;
-    *) echo "usage: $0 [--threads N] [--steps N] [--batch B]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--threads N] [--steps N] [--rounds R] [--batch B]" >&2; exit 2 ;;
   esac
 done
 
 build=build/bench-model
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_CUDA=OFF \
-  -DLONGHAUL_BUILD_OPERATOR=OFF -DLONGHAUL_BUILD_TESTS=OFF >/dev/null
+  -DLONGHAUL_BUILD_OPERATOR=ON -DLONGHAUL_BUILD_TESTS=ON
+  >/dev/null
 cmake --build "$build" --target model_bench -j2 >/dev/null
 
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
@@ -34,9 +38,9 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 fi
 
 ours=$(OMP_NUM_THREADS="$threads" "$build/bench/model_bench" --threads "$threads" --steps "$steps" \
-  --batch "$batch" | grep '^RESULT')
+  --rounds "$rounds" --batch "$batch" | grep '^RESULT')
 theirs=$(/usr/bin/python3 bench/model_bench_torch.py --threads "$threads" --steps "$steps" \
-  --batch "$batch" | grep '^RESULT')
+  --rounds "$rounds" --batch "$batch" | grep '^RESULT')
 torch_version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), threads: $threads"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch reference for bench/model_bench.cc: the same GPT-2 configs, batch shapes, random
 tokens, global-norm clipping and AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1 on 2-D
-weights only, tied lm_head), timed the same way (tokens/s over full optimizer steps).
+weights only, tied lm_head), timed the same way (tokens/s over full optimizer steps, best of
+--rounds rounds of --steps steps after --warmup steps).
 
   /usr/bin/python3 bench/model_bench_torch.py [--preset tiny --preset small-4x256]
-      [--batch B] [--seq T] [--steps N] [--warmup W] [--threads N]
+      [--batch B] [--seq T] [--steps N] [--warmup W] [--rounds R] [--threads N]
 
 Prints a table and one line per preset for bench/model_bench.sh:
   RESULT <preset> <B> <T> <threads> <ms/step> <tokens/s> <params>
@@ -87,7 +88,8 @@ def main():
     ap.add_argument("--preset", action="append")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -117,10 +119,12 @@ def main():
 
         for _ in range(args.warmup):
             step()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        seconds = time.perf_counter() - start
+        seconds = float("inf")
+        for _ in range(max(1, args.rounds)):
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            seconds = min(seconds, time.perf_counter() - start)
         ms = 1000.0 * seconds / args.steps
         tps = B * T * args.steps / seconds
         print(f"{preset:<12} {B:>4} {T:>5} {args.threads:>8} {nparams:>10} {ms:>12.1f} {tps:>12.0f}")

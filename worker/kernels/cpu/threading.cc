@@ -89,7 +89,7 @@ class Team {
   }
 
  private:
-  static constexpr int kSpins = 20000;  // ~ tens of microseconds
+  static constexpr int kSpins = 2000;  // tens of microseconds: covers the gap between kernels
 
   struct Job {
     detail::BlockFn fn = nullptr;
