@@ -10,6 +10,11 @@
 // `--rounds` (3) rounds of `--steps` (10) timed steps; the best round is reported, because on a
 // shared machine other processes only ever make a round slower.
 // Speed is only ever measured here, never asserted in tests.
+//
+// --dump DIR (with one --preset) instead writes one forward_backward of the initialised model
+// for bench/model_check_torch.py, which recomputes loss and gradients with PyTorch on the same
+// weights: DIR/config.txt (V maxT L NH C B T), inputs.i32, targets.i32, params.f32 (the flat
+// buffer, named_parameters() order), grads.f32, loss.txt.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,14 +33,52 @@ namespace {
 struct Options {
   std::vector<std::string> presets;
   int batch = 0, seq = 0, steps = 10, warmup = 3, threads = 0, rounds = 3;
+  std::string dump_dir;
 };
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--preset NAME]... [--batch B] [--seq T] [--steps N] [--warmup W] "
-               "[--rounds R] [--threads N]\n",
+               "[--rounds R] [--threads N] [--dump DIR]\n",
                argv0);
   return 2;
+}
+
+template <typename T>
+bool write_raw(const std::string& path, const T* data, size_t count) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return false;
+  const bool ok = std::fwrite(data, sizeof(T), count, f) == count;
+  return std::fclose(f) == 0 && ok;
+}
+
+// One forward_backward on random tokens, written for bench/model_check_torch.py.
+int dump(longhaul::model::LanguageModel& gpt, const longhaul::model::GPT2Config& c, int B, int T,
+         std::vector<int32_t>& x, std::vector<int32_t>& y, std::mt19937_64& rng,
+         const std::string& dir) {
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  for (auto& t : x) t = token(rng);
+  for (auto& t : y) t = token(rng);
+  gpt.zero_grad();
+  const float loss = gpt.forward_backward(x.data(), y.data(), B, T, 1.0f);
+  const auto params = gpt.parameters_flat();
+  const auto grads = gpt.gradients_flat();
+  FILE* cfg = std::fopen((dir + "/config.txt").c_str(), "w");
+  FILE* lf = std::fopen((dir + "/loss.txt").c_str(), "w");
+  if (cfg == nullptr || lf == nullptr) {
+    std::fprintf(stderr, "cannot write into %s: create the directory first\n", dir.c_str());
+    return 1;
+  }
+  std::fprintf(cfg, "%d %d %d %d %d %d %d\n", c.vocab_size, c.context_length, c.n_layer, c.n_head,
+               c.n_embd, B, T);
+  std::fprintf(lf, "%.9g\n", loss);
+  const bool ok = std::fclose(cfg) == 0 && std::fclose(lf) == 0 &&
+                  write_raw(dir + "/inputs.i32", x.data(), x.size()) &&
+                  write_raw(dir + "/targets.i32", y.data(), y.size()) &&
+                  write_raw(dir + "/params.f32", params.data(), params.size()) &&
+                  write_raw(dir + "/grads.f32", grads.data(), grads.size());
+  if (!ok) std::fprintf(stderr, "writing into %s failed\n", dir.c_str());
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -57,6 +100,8 @@ int main(int argc, char** argv) {
       opt.steps = std::atoi(value);
     } else if (arg == "--warmup") {
       opt.warmup = std::atoi(value);
+    } else if (arg == "--dump") {
+      opt.dump_dir = value;
     } else if (arg == "--rounds") {
       opt.rounds = std::max(1, std::atoi(value));
     } else if (arg == "--threads") {
@@ -81,6 +126,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(42);
     std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
     std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+    if (!opt.dump_dir.empty()) return dump(*gpt, config, B, T, x, y, rng, opt.dump_dir);
     const model::AdamWOptions adamw;
     auto step = [&] {
       for (auto& t : x) t = token(rng);

@@ -37,6 +37,12 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   fi
 fi
 
+# Correctness first: loss and gradients of one micro-batch against PyTorch (float64).
+check_dir=$(mktemp -d)
+trap 'rm -rf "$check_dir"' EXIT
+"$build/bench/model_bench" --preset tiny --batch 2 --seq 64 --dump "$check_dir" >/dev/null
+/usr/bin/python3 bench/model_check_torch.py "$check_dir" | tail -1 | sed 's/^/PyTorch check: /'
+
 ours=$(OMP_NUM_THREADS="$threads" "$build/bench/model_bench" --threads "$threads" --steps "$steps" \
   --rounds "$rounds" --batch "$batch" | grep '^RESULT')
 theirs=$(/usr/bin/python3 bench/model_bench_torch.py --threads "$threads" --steps "$steps" \
