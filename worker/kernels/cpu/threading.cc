@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <sched.h>
 
 #include "parallel.h"
 
@@ -21,7 +24,20 @@ inline void cpu_relax() {
 #endif
 }
 
+// LONGHAUL_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process may run on (its
+// affinity mask, which container CPU sets narrow), else hardware_concurrency().
 int default_threads() {
+  for (const char* name : {"LONGHAUL_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char* value = std::getenv(name); value != nullptr) {
+      const int n = std::atoi(value);
+      if (n > 0) return n;
+    }
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }

@@ -1,6 +1,9 @@
-// Thread control for the CPU kernels. Everything parallelises on one OpenMP thread team
-// (default: every core, or OMP_NUM_THREADS); matmuls split each sgemm into per-thread blocks
-// and run OpenBLAS single-threaded inside them, so no second thread pool competes for cores.
+// Thread control for the CPU kernels. Every kernel parallelises on one thread team of the
+// kernels' own (threading.cc: workers spin briefly, then block, so a shared or oversubscribed
+// machine is not slowed by busy-waiting). Its size defaults to LONGHAUL_NUM_THREADS, else
+// OMP_NUM_THREADS, else the number of CPUs in the process's affinity mask. Matmuls split each
+// sgemm into per-thread blocks and run OpenBLAS single-threaded inside them (the first kernel
+// call sets openblas_set_num_threads(1) for the process), so no second pool competes for cores.
 //
 // Determinism: every kernel except the OpenBLAS matmuls produces bit-identical results for any
 // thread count (reductions use fixed chunking or per-channel ownership, never atomics or
@@ -12,10 +15,10 @@
 
 namespace longhaul::kernels::cpu {
 
-// Sets the OpenMP thread count (OpenBLAS is kept at 1). n <= 0 restores "all cores".
+// Resizes the team to n threads (the caller counts as one); n <= 0 restores the default.
 void set_num_threads(int n);
 
-// The number of threads kernels use (OpenMP's max threads).
+// The number of threads kernels use.
 int num_threads();
 
 }  // namespace longhaul::kernels::cpu
