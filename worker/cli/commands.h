@@ -2,8 +2,14 @@
 // returns the process exit code (exit_codes.h) or throws a longhaul::Error that main() maps.
 #pragma once
 
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "longhaul/dist/cluster.h"
+#include "longhaul/dist/data_parallel.h"
+#include "longhaul/trainer/run.h"
 
 namespace longhaul::cli {
 
@@ -12,8 +18,22 @@ struct TrainArgs {
   std::string logdir;             // empty: $LONGHAUL_LOGDIR, config logdir, runs/<preset>
   std::vector<std::string> sets;  // key.sub=value overrides
   int metrics_port = -1;          // -1: the config's metrics_port
+  // Data-parallel runs without TF_CONFIG (launch_command.cc); -1: LONGHAUL_RANK /
+  // LONGHAUL_WORLD_SIZE or a single replica.
+  int rank = -1;
+  int world_size = -1;
+  std::string rendezvous_dir;  // empty: <logdir>/.rendezvous
 };
 int run_train(const TrainArgs& args);
+
+struct LaunchArgs {
+  int replicas = 1;
+  int max_restarts = 3;
+  bool evaluator = false;
+  double grace_secs = 30;
+  std::vector<std::string> command;  // after `--`: train [flags]
+};
+int run_launch_command(const LaunchArgs& args);
 
 struct EvalArgs {
   std::string checkpoint;
@@ -39,6 +59,19 @@ struct PrepareArgs {
   long long shard_tokens = 10'000'000;
 };
 int run_prepare(const PrepareArgs& args);
+
+// Data-parallel replicas (launch_command.cc). join_replica_group forms the group when the
+// world has more than one replica (null otherwise) and sets run's sync/gradient/stop hooks;
+// the returned object must outlive run_training. finish_replica returns 138 for a replica that
+// stopped only because a peer did, writes the chief's training.done marker after max_steps,
+// and returns -1 otherwise. run_evaluator_task runs an evaluator task until training is done.
+std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdentity& id,
+                                                       const TrainArgs& args,
+                                                       trainer::RunOptions& run);
+int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
+                   const trainer::RunOptions& run, const trainer::RunResult& result,
+                   const dist::DataParallel* dp);
+int run_evaluator_task(const trainer::WorkerConfig& config, const std::filesystem::path& logdir);
 
 // "0.1.0 (cpu)".
 std::string version_string();

@@ -38,6 +38,37 @@ int main(int argc, char** argv) {
                    "Prometheus /metrics port (0 disables; default: the config's)")
       ->check(CLI::Range(0, 65535));
 
+  train_cmd
+      ->add_option("--rank", train.rank,
+                   "this replica's rank without TF_CONFIG (default $LONGHAUL_RANK or 0)")
+      ->check(CLI::NonNegativeNumber);
+  train_cmd
+      ->add_option("--world-size", train.world_size,
+                   "replicas without TF_CONFIG (default $LONGHAUL_WORLD_SIZE or 1)")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_option(
+      "--rendezvous-dir", train.rendezvous_dir,
+      "shared folder for the replicas' rendezvous (default <logdir>/.rendezvous)");
+
+  LaunchArgs launch;
+  auto* launch_cmd = app.add_subcommand(
+      "launch",
+      "Run N data-parallel replicas on this machine (TF_CONFIG on 127.0.0.1), restarting them "
+      "all after a retryable failure: launch --replicas 2 -- train --config x.yaml");
+  launch_cmd->add_option("--replicas,-n", launch.replicas, "replicas (chief + workers)")
+      ->check(CLI::PositiveNumber);
+  launch_cmd
+      ->add_option("--max-restarts", launch.max_restarts,
+                   "group restarts after retryable failures (default 3)")
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd->add_flag("--evaluator", launch.evaluator,
+                       "also run an evaluator task (val loss of each checkpoint in <logdir>/eval)");
+  launch_cmd
+      ->add_option("--grace-secs", launch.grace_secs,
+                   "SIGTERM -> SIGKILL delay when stopping replicas (default 30)")
+      ->check(CLI::PositiveNumber);
+  launch_cmd->add_option("command", launch.command, "after --: train [train flags]")->required();
+
   EvalArgs eval;
   auto* eval_cmd = app.add_subcommand("eval", "Print the mean loss of a checkpoint over shards.");
   eval_cmd->add_option("--checkpoint", eval.checkpoint, "a model.ckpt-<step>.safetensors file")
@@ -85,6 +116,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*train_cmd) return run_train(train);
+    if (*launch_cmd) return run_launch_command(launch);
     if (*eval_cmd) return run_eval(eval);
     if (*inspect_cmd) return run_inspect(inspect);
     if (*prepare_cmd) return run_prepare(prepare);

@@ -11,22 +11,6 @@
 #include "longhaul/worker_metrics/worker_metrics.h"
 
 namespace longhaul::cli {
-namespace {
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1'000'000) {
-    throw InvalidArgument(std::string("environment variable ") + name + "='" + v +
-                          "' is not a non-negative integer");
-  }
-  return static_cast<int>(x);
-}
-
-}  // namespace
-
 std::string version_string() {
   return std::string(LONGHAUL_VERSION) + (LONGHAUL_HAVE_CUDA ? " (cpu, cuda)" : " (cpu)");
 }
@@ -34,15 +18,15 @@ std::string version_string() {
 int run_train(const TrainArgs& args) {
   // 1. Config (every problem here is exit 2).
   trainer::RunOptions run;
+  dist::ReplicaIdentity replica;
   try {
     run.config = trainer::load_config(args.config, args.sets);
     trainer::model_config_for(run.config);  // a bad model shape is a config error
-    run.rank = env_int("LONGHAUL_RANK", 0);
-    run.world_size = env_int("LONGHAUL_WORLD_SIZE", 1);
-    if (run.world_size < 1 || run.rank >= run.world_size) {
-      throw InvalidArgument("LONGHAUL_RANK " + std::to_string(run.rank) +
-                            " is outside LONGHAUL_WORLD_SIZE " + std::to_string(run.world_size));
-    }
+    // TF_CONFIG, or --rank/--world-size, or LONGHAUL_RANK/LONGHAUL_WORLD_SIZE (dist/cluster.h).
+    replica = dist::resolve_replica(dist::replica_environment(),
+                                    dist::ExplicitReplica{args.rank, args.world_size});
+    run.rank = replica.rank.value_or(0);
+    run.world_size = replica.world_size;
   } catch (const Error& e) {
     throw InvalidArgument(e.what());
   }
@@ -55,10 +39,12 @@ int run_train(const TrainArgs& args) {
   } else {
     run.logdir = "runs/" + run.config.model.preset;
   }
-  if (run.world_size > 1) {
-    LH_LOG(WARNING) << "data-parallel gradient averaging is not built into this worker yet: each "
-                       "replica trains on its own data shard and only the chief checkpoints"
-                    << kv("rank", run.rank) << kv("world_size", run.world_size);
+  if (replica.cluster.task_type == dist::TaskType::kEvaluator) {
+    return run_evaluator_task(run.config, run.logdir);
+  }
+  if (!replica.rank) {
+    LH_LOG(INFO) << "this is a ps task: all-reduce training needs no parameter server; exiting";
+    return kExitFinished;
   }
   if (const char* attempt = std::getenv("LONGHAUL_RESTART_ATTEMPT")) {
     LH_LOG(INFO) << "restart attempt" << kv("attempt", attempt);
@@ -82,8 +68,10 @@ int run_train(const TrainArgs& args) {
   };
   run.on_session_start = [&](int64_t step, bool) { metrics.set_global_step(step); };
 
-  // 3. Train.
+  // 3. Join the data-parallel group (a no-op for one replica), train.
+  const std::unique_ptr<dist::DataParallel> group = join_replica_group(replica, args, run);
   const trainer::RunResult result = trainer::run_training(run);
+  if (int code = finish_replica(replica, args, run, result, group.get()); code >= 0) return code;
   if (result.signal == SIGTERM) {
     LH_LOG(INFO) << "stopped by SIGTERM; final checkpoint committed"
                  << kv("step", result.final_step);

@@ -358,7 +358,8 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
                           std::to_string(o.world_size));
   }
   if (o.world_size == 1) return std::make_unique<SoloCommunicator>();
-  const fs::path dir = rendezvous_dir(o.logdir, o.attempt);
+  const fs::path dir = o.rendezvous_root.empty() ? rendezvous_dir(o.logdir, o.attempt)
+                                                 : o.rendezvous_root / o.attempt;
   const auto start = Clock::now();
 
   // The transport first: a bad bind address is a config error, reported before any waiting.

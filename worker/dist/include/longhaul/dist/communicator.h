@@ -62,6 +62,8 @@ class Communicator {
 struct RendezvousOptions {
   std::filesystem::path logdir;  // shared by every replica
   std::string attempt = "0";     // folder under <logdir>/.rendezvous
+  // Where attempt folders live instead of <logdir>/.rendezvous (--rendezvous-dir); shared.
+  std::filesystem::path rendezvous_root;
   int rank = 0;
   int world_size = 1;
   std::string bind_host = "127.0.0.1";   // Gloo TCP binds here (ignored when bind_iface is set)

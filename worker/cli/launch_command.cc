@@ -1,0 +1,139 @@
+// Data-parallel glue of longhaul-worker (worker/dist): `launch`, the replica group a `train`
+// process joins (TF_CONFIG or --rank/--world-size), and the evaluator task.
+//
+// Environment read here besides what dist/cluster.h lists:
+//   LONGHAUL_COLLECTIVE_TIMEOUT_SECS (default 300): a peer that hangs or a cut network is
+//       declared lost after this; survivors exit 138.
+//   LONGHAUL_ALLREDUCE_ALGORITHM (default ring): ring | halving-doubling | bcube.
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+
+#include <unistd.h>
+
+#include "commands.h"
+#include "exit_codes.h"
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/dist/communicator.h"
+#include "longhaul/dist/evaluator.h"
+#include "longhaul/dist/launch.h"
+#include "longhaul/dist/training_done.h"
+
+namespace longhaul::cli {
+namespace {
+
+double env_secs(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (*end != '\0' || !(x > 0)) {
+    throw InvalidArgument(std::string("environment variable ") + name + "='" + v +
+                          "' is not a positive number of seconds");
+  }
+  return x;
+}
+
+std::atomic<int> g_evaluator_signal{0};
+extern "C" void on_evaluator_signal(int sig) { g_evaluator_signal.store(sig); }
+
+}  // namespace
+
+std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdentity& id,
+                                                       const TrainArgs& args,
+                                                       trainer::RunOptions& run) {
+  if (id.world_size <= 1) return nullptr;
+  dist::RendezvousOptions o;
+  o.logdir = run.logdir;
+  o.attempt = id.attempt;
+  o.rendezvous_root = args.rendezvous_dir;
+  o.rank = *id.rank;
+  o.world_size = id.world_size;
+  o.bind_host = id.bind_host;
+  o.bind_iface = id.bind_iface;
+  o.recovery_wait_secs = run.config.supervisor.recovery_wait_secs;
+  o.max_wait_secs = run.config.supervisor.max_wait_secs;
+  o.collective_timeout_secs = env_secs("LONGHAUL_COLLECTIVE_TIMEOUT_SECS", 300);
+  if (const char* a = std::getenv("LONGHAUL_ALLREDUCE_ALGORITHM"); a != nullptr && *a) {
+    o.algorithm = dist::parse_allreduce_algorithm(a);
+  }
+  if (o.rank == 0) dist::clear_training_done(run.logdir);
+  auto dp = std::make_unique<dist::DataParallel>(dist::rendezvous(o));
+  // The first broadcast waits while the chief restores (a large checkpoint may take minutes).
+  const auto first_wait = std::chrono::milliseconds(
+      static_cast<int64_t>((o.max_wait_secs + o.collective_timeout_secs) * 1000));
+  dist::DataParallel* p = dp.get();
+  run.sync_state = [p, first_wait](supervisor::TrainingState& state) {
+    p->broadcast_state(state, first_wait);
+  };
+  run.reduce_gradients = [p](model::LanguageModel& model) { p->average_gradients(model); };
+  run.agree_stop = [p](bool local_stop) { return p->any_stop(local_stop); };
+  return dp;
+}
+
+int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
+                   const trainer::RunOptions& run, const trainer::RunResult& result,
+                   const dist::DataParallel* dp) {
+  const bool finished = result.final_step >= run.config.training.max_steps;
+  if (dp != nullptr && result.signal == 0 && !finished && dp->stop_requested_by_peer()) {
+    LH_LOG(WARNING) << "stopped because another replica stopped (preempted or signalled); the "
+                       "chief committed a final checkpoint; exit 138 so the group restarts"
+                    << kv("rank", dp->rank()) << kv("step", result.final_step);
+    return kExitAborted;
+  }
+  if (id.rank == 0 && finished && result.signal == 0) {
+    dist::write_training_done(run.logdir, result.final_step);
+    if (dp != nullptr && args.rendezvous_dir.empty()) {
+      dist::remove_rendezvous_dir(run.logdir, id.attempt);
+    }
+  }
+  return -1;  // the caller decides as for one replica
+}
+
+int run_evaluator_task(const trainer::WorkerConfig& config, const std::filesystem::path& logdir) {
+  dist::EvaluatorOptions o;
+  o.config = config;
+  o.logdir = logdir;
+  o.poll_secs = config.supervisor.recovery_wait_secs;
+  struct sigaction sa {};
+  sa.sa_handler = on_evaluator_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_term {
+  }, old_int{};
+  ::sigaction(SIGTERM, &sa, &old_term);
+  ::sigaction(SIGINT, &sa, &old_int);
+  o.should_stop = [] { return g_evaluator_signal.load() != 0; };
+  dist::EvaluatorResult result;
+  try {
+    result = dist::run_evaluator(o);
+  } catch (...) {
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::sigaction(SIGINT, &old_int, nullptr);
+    throw;
+  }
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  const int sig = g_evaluator_signal.load();
+  if (sig == SIGTERM) return kExitTerminated;
+  if (sig == SIGINT) return kExitInterrupted;
+  return kExitFinished;
+}
+
+int run_launch_command(const LaunchArgs& args) {
+  dist::LaunchOptions o;
+  o.replicas = args.replicas;
+  o.max_restarts = args.max_restarts;
+  o.evaluator = args.evaluator;
+  o.args = args.command;
+  o.grace_secs = args.grace_secs;
+  if (!o.args.empty() && o.args.front() != "train") {
+    throw InvalidArgument(
+        "launch runs `train` replicas: put `-- train [flags]` after the launch "
+        "flags (got '" +
+        o.args.front() + "')");
+  }
+  return dist::run_launch(o).exit_code;
+}
+
+}  // namespace longhaul::cli
