@@ -104,6 +104,23 @@ TEST_F(WorkerCliTest, TrainsPrintsProgressAndResumes) {
       << not_multiple.err;
 }
 
+TEST_F(WorkerCliTest, LogdirComesFromFlagThenEnvironmentThenConfig) {
+  write_text(dir_ / "with_logdir.yaml", small_model_config(2, 0) + "logdir: from_config\n");
+  ASSERT_EQ(run_worker({"train", "--config", "with_logdir.yaml"}, dir_).exit_code, 0);
+  EXPECT_EQ(state_file_latest_step(dir_ / "from_config"), 2);
+  ASSERT_EQ(run_worker({"train", "--config", "with_logdir.yaml"}, dir_, 120s,
+                       {{"LONGHAUL_LOGDIR", "from_env"}})
+                .exit_code,
+            0);
+  EXPECT_EQ(state_file_latest_step(dir_ / "from_env"), 2);
+  ASSERT_EQ(run_worker({"train", "--config", "with_logdir.yaml", "--logdir", "from_flag"}, dir_,
+                       120s, {{"LONGHAUL_LOGDIR", "from_env2"}})
+                .exit_code,
+            0);
+  EXPECT_EQ(state_file_latest_step(dir_ / "from_flag"), 2);
+  EXPECT_FALSE(fs::exists(dir_ / "from_env2"));
+}
+
 struct BadInput {
   std::string name;
   std::vector<std::string> args;  // appended to train --logdir good
