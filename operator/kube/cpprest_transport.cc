@@ -88,22 +88,41 @@ client::http_client make_client(const CpprestTransportOptions& options,
   }
 }
 
+// The response is resolved lazily: status()/headers()/read_line() wait for the headers, and
+// cancel() aborts the request whether or not the headers have arrived.
 class CpprestStream : public HttpStream {
  public:
-  CpprestStream(client::http_client client, http::http_response response,
-                pplx::cancellation_token_source cancel)
+  CpprestStream(client::http_client client, pplx::task<http::http_response> pending,
+                pplx::cancellation_token_source cancel, std::string what)
       : client_(std::move(client)),
-        response_(std::move(response)),
+        pending_(std::move(pending)),
         cancel_(std::move(cancel)),
-        headers_(copy_headers(response_.headers())) {}
+        what_(std::move(what)) {}
 
-  ~CpprestStream() override { cancel(); }
+  ~CpprestStream() override {
+    cancel();
+    try {
+      pending_.wait();  // cpprestsdk's request must finish before its client goes away
+    } catch (...) {
+    }
+  }
 
-  int status() const override { return response_.status_code(); }
-  const HttpHeaders& headers() const override { return headers_; }
+  int status() const override {
+    resolve();
+    return response_.status_code();
+  }
+  const HttpHeaders& headers() const override {
+    resolve();
+    return headers_;
+  }
 
   std::optional<std::string> read_line() override {
     if (cancelled_.load()) return std::nullopt;
+    try {
+      resolve();
+    } catch (const Cancelled&) {
+      return std::nullopt;
+    }
     auto body = response_.body();
     concurrency::streams::container_buffer<std::string> line;
     try {
@@ -111,7 +130,7 @@ class CpprestStream : public HttpStream {
       if (n == 0 && line.collection().empty() && body.is_eof()) return std::nullopt;
     } catch (const std::exception& e) {
       if (cancelled_.load()) return std::nullopt;
-      throw Unavailable(std::string("watch stream broke: ") + e.what());
+      throw Unavailable(what_ + ": stream broke: " + e.what());
     }
     if (cancelled_.load()) return std::nullopt;
     std::string text = std::move(line.collection());
@@ -124,11 +143,29 @@ class CpprestStream : public HttpStream {
   }
 
  private:
+  // Waits for the headers. Throws Cancelled after cancel(), Unavailable on network failure.
+  void resolve() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (resolved_) return;
+    try {
+      response_ = pending_.get();
+      headers_ = copy_headers(response_.headers());
+      resolved_ = true;
+    } catch (const std::exception& e) {
+      if (cancelled_.load()) throw Cancelled(what_ + ": cancelled");
+      throw Unavailable(what_ + " failed: " + e.what() + " (is the API server reachable?)");
+    }
+  }
+
   client::http_client client_;  // keeps the connection pool alive while streaming
-  http::http_response response_;
+  pplx::task<http::http_response> pending_;
   pplx::cancellation_token_source cancel_;
-  HttpHeaders headers_;
+  const std::string what_;
   std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  mutable bool resolved_ = false;         // guarded by mu_
+  mutable http::http_response response_;  // set once resolved_
+  mutable HttpHeaders headers_;           // set once resolved_
 };
 
 }  // namespace
@@ -164,10 +201,10 @@ std::unique_ptr<HttpStream> CpprestTransport::stream(const HttpRequest& request,
   client::http_client watch_client = make_client(impl_->options, idle_timeout);
   pplx::cancellation_token_source cancel;
   try {
-    http::http_response response =
-        watch_client.request(make_request(request), cancel.get_token()).get();
-    return std::make_unique<CpprestStream>(std::move(watch_client), std::move(response),
-                                           std::move(cancel));
+    auto pending = watch_client.request(make_request(request), cancel.get_token());
+    return std::make_unique<CpprestStream>(
+        std::move(watch_client), std::move(pending), std::move(cancel),
+        "HTTP " + request.method + " " + impl_->options.server + request.target);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -76,53 +76,6 @@ std::optional<std::chrono::milliseconds> retry_after(const HttpHeaders& headers)
   }
 }
 
-class HttpWatchStream : public WatchStream {
- public:
-  HttpWatchStream(std::unique_ptr<HttpStream> stream, std::string what)
-      : stream_(std::move(stream)), what_(std::move(what)) {}
-  ~HttpWatchStream() override { stream_->cancel(); }
-
-  std::optional<WatchEvent> next() override {
-    for (;;) {
-      std::optional<std::string> line = stream_->read_line();
-      if (!line) return std::nullopt;
-      if (line->find_first_not_of(" \t\r") == std::string::npos) continue;
-      json event;
-      try {
-        event = json::parse(*line);
-      } catch (const json::exception& e) {
-        throw Unavailable(what_ + ": malformed watch event '" + line->substr(0, 200) +
-                          "': " + e.what() + " (re-watching)");
-      }
-      const std::string type = event.value("type", "");
-      WatchEvent out;
-      if (type == "ADDED") {
-        out.type = WatchEvent::Type::kAdded;
-      } else if (type == "MODIFIED") {
-        out.type = WatchEvent::Type::kModified;
-      } else if (type == "DELETED") {
-        out.type = WatchEvent::Type::kDeleted;
-      } else if (type == "BOOKMARK") {
-        out.type = WatchEvent::Type::kBookmark;
-      } else if (type == "ERROR") {
-        out.type = WatchEvent::Type::kError;
-      } else {
-        LH_LOG(WARNING) << "skipping watch event of unknown type" << kv("watch", what_)
-                        << kv("type", type);
-        continue;
-      }
-      if (event.contains("object")) out.object = std::move(event["object"]);
-      return out;
-    }
-  }
-
-  void stop() override { stream_->cancel(); }
-
- private:
-  const std::unique_ptr<HttpStream> stream_;
-  const std::string what_;
-};
-
 }  // namespace
 
 std::string default_user_agent() { return std::string("longhaul-operator/") + LONGHAUL_VERSION; }
@@ -351,29 +304,6 @@ HttpResponse HttpClient::send(const Call& call, const HttpRequest& request) {
   return HttpResponse{answer.status, std::move(answer.headers), std::move(answer.body)};
 }
 
-std::unique_ptr<HttpStream> HttpClient::open_stream(const Call& call, const HttpRequest& request,
-                                                    std::chrono::seconds idle) {
-  Attempt answer = run_with_retries(
-      options_, call.what, call.idempotent, limiter_, tokens_.get(),
-      [&] {
-        HttpRequest req = request;
-        add_common_headers(req);
-        Attempt out;
-        out.stream = transport_->stream(req, idle);
-        out.status = out.stream->status();
-        if (out.status < 200 || out.status >= 300) {
-          out.headers = out.stream->headers();
-          while (auto line = out.stream->read_line()) out.body += *line + "\n";
-          out.stream.reset();
-        }
-        return out;
-      },
-      [this](Clock::duration d) { return wait(d); },
-      [&](const std::string& code, Clock::time_point start) { observe(call.verb, code, start); });
-  if (!answer.stream) throw_api_error(answer.status, answer.body, call.what);
-  return std::move(answer.stream);
-}
-
 json HttpClient::get(const Resource& r, std::string_view ns, std::string_view name) {
   Call call{"get", describe("get", r, ns, name), true};
   HttpResponse response = send(call, HttpRequest{"GET", r.object_path(ns, name), {}, ""});
@@ -486,6 +416,124 @@ void HttpClient::remove(const Resource& r, std::string_view ns, std::string_view
   write(call, "DELETE", r.object_path(ns, name), body, "application/json");
 }
 
+// A watch whose stream is opened by the first next(), so stop() can abort the open too.
+class HttpWatchStream : public WatchStream {
+ public:
+  HttpWatchStream(HttpClient* client, HttpClient::Call call, HttpRequest request,
+                  std::chrono::seconds idle)
+      : client_(client), call_(std::move(call)), request_(std::move(request)), idle_(idle) {}
+
+  ~HttpWatchStream() override { stop(); }
+
+  std::optional<WatchEvent> next() override {
+    if (!opened_) {
+      opened_ = true;
+      open();
+    }
+    if (!stream_) return std::nullopt;  // stopped while opening
+    for (;;) {
+      std::optional<std::string> line = stream_->read_line();
+      if (!line) return std::nullopt;
+      if (line->find_first_not_of(" \t\r") == std::string::npos) continue;
+      json event;
+      try {
+        event = json::parse(*line);
+      } catch (const json::exception& e) {
+        throw Unavailable(call_.what + ": malformed watch event '" + line->substr(0, 200) +
+                          "': " + e.what() + " (re-watching)");
+      }
+      const std::string type = event.value("type", "");
+      WatchEvent out;
+      if (type == "ADDED") {
+        out.type = WatchEvent::Type::kAdded;
+      } else if (type == "MODIFIED") {
+        out.type = WatchEvent::Type::kModified;
+      } else if (type == "DELETED") {
+        out.type = WatchEvent::Type::kDeleted;
+      } else if (type == "BOOKMARK") {
+        out.type = WatchEvent::Type::kBookmark;
+      } else if (type == "ERROR") {
+        out.type = WatchEvent::Type::kError;
+      } else {
+        LH_LOG(WARNING) << "skipping watch event of unknown type" << kv("watch", call_.what)
+                        << kv("type", type);
+        continue;
+      }
+      if (event.contains("object")) out.object = std::move(event["object"]);
+      return out;
+    }
+  }
+
+  void stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      if (current_ != nullptr) current_->cancel();
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void publish(HttpStream* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = stream;
+    if (stopped_ && stream != nullptr) stream->cancel();
+  }
+
+  // Opens the stream with the client's retries; leaves stream_ null when stopped meanwhile.
+  void open() {
+    HttpClient& c = *client_;
+    try {
+      Attempt answer = run_with_retries(
+          c.options_, call_.what, call_.idempotent, c.limiter_, c.tokens_.get(),
+          [&] {
+            HttpRequest req = request_;
+            c.add_common_headers(req);
+            Attempt out;
+            out.stream = c.transport_->stream(req, idle_);
+            publish(out.stream.get());
+            try {
+              out.status = out.stream->status();
+              if (out.status < 200 || out.status >= 300) {
+                out.headers = out.stream->headers();
+                while (auto line = out.stream->read_line()) out.body += *line + "\n";
+                publish(nullptr);
+                out.stream.reset();
+              }
+            } catch (...) {
+              publish(nullptr);
+              throw;
+            }
+            return out;
+          },
+          [this](Clock::duration d) {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait_for(lock, d, [this] { return stopped_; });
+            return !stopped_;
+          },
+          [&](const std::string& code, Clock::time_point start) {
+            c.observe(call_.verb, code, start);
+          });
+      if (!answer.stream) throw_api_error(answer.status, answer.body, call_.what);
+      stream_ = std::move(answer.stream);
+    } catch (const Cancelled&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopped_) throw;  // the client was closed
+    }
+  }
+
+  HttpClient* const client_;
+  const HttpClient::Call call_;
+  const HttpRequest request_;
+  const std::chrono::seconds idle_;
+  bool opened_ = false;                 // reader thread only
+  std::unique_ptr<HttpStream> stream_;  // reader thread only; also published as current_
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;           // guarded by mu_
+  HttpStream* current_ = nullptr;  // guarded by mu_: the request to cancel on stop()
+};
+
 std::unique_ptr<WatchStream> HttpClient::watch(const Resource& r, std::string_view ns,
                                                const ListOptions& opts) {
   Call call{"watch", describe("watch", r, ns, ""), true};
@@ -493,7 +541,7 @@ std::unique_ptr<WatchStream> HttpClient::watch(const Resource& r, std::string_vi
                                                          options_.watch_idle_margin
                                                    : options_.default_watch_idle;
   HttpRequest request{"GET", r.collection_path(ns) + list_query(opts, true, ""), {}, ""};
-  return std::make_unique<HttpWatchStream>(open_stream(call, request, idle), call.what);
+  return std::make_unique<HttpWatchStream>(this, std::move(call), std::move(request), idle);
 }
 
 }  // namespace longhaul::kube

@@ -374,6 +374,12 @@ TEST(HttpClientWatchTest, StreamsEventsAsTheyArrive) {
   opts.timeout_seconds = 30;
   opts.label_selector = "longhaul.dev/job-name=j";
   auto stream = client->watch(resources::kPods, "ns", opts);
+  // Each event is delivered before the next one is even sent.
+  lines.push(event_line("ADDED", pod("a")));
+  auto e1 = stream->next();
+  ASSERT_TRUE(e1);
+  EXPECT_EQ(e1->type, WatchEvent::Type::kAdded);
+  EXPECT_EQ(e1->object["metadata"]["name"], "a");
   auto request = server.requests().at(0);
   EXPECT_EQ(request.path, "/api/v1/namespaces/ns/pods");
   auto params = request.params();
@@ -383,12 +389,6 @@ TEST(HttpClientWatchTest, StreamsEventsAsTheyArrive) {
   EXPECT_EQ(params["timeoutSeconds"], "30");
   EXPECT_EQ(params["labelSelector"], "longhaul.dev/job-name=j");
 
-  // Each event is delivered before the next one is even sent.
-  lines.push(event_line("ADDED", pod("a")));
-  auto e1 = stream->next();
-  ASSERT_TRUE(e1);
-  EXPECT_EQ(e1->type, WatchEvent::Type::kAdded);
-  EXPECT_EQ(e1->object["metadata"]["name"], "a");
   // Two events in one chunk and one split across chunks.
   std::string modified = event_line("MODIFIED", pod("a"));
   lines.push(event_line("BOOKMARK", {{"kind", "Pod"}, {"metadata", {{"resourceVersion", "9"}}}}) +
@@ -444,7 +444,32 @@ TEST(HttpClientWatchTest, GoneAtOpenThrowsGoneError) {
   auto client = client_for(server);
   ListOptions opts;
   opts.resource_version = "3";
-  EXPECT_THROW(client->watch(resources::kPods, "ns", opts), GoneError);
+  auto stream = client->watch(resources::kPods, "ns", opts);
+  EXPECT_THROW(stream->next(), GoneError);
+}
+
+TEST(HttpClientWatchTest, StopAbortsAWatchWhoseAnswerHasNotArrived) {
+  LineChannel never;  // the server accepts the request and never answers
+  TestHttpServer server([&](const Request&, ResponseWriter& writer) {
+    never.pop(writer);
+    writer.drop();
+  });
+  auto client = client_for(server);
+  ListOptions opts;
+  opts.timeout_seconds = 600;
+  auto stream = client->watch(resources::kPods, "", opts);
+  std::atomic<bool> returned{false};
+  std::optional<WatchEvent> result;
+  std::thread reader([&] {
+    result = stream->next();
+    returned = true;
+  });
+  ASSERT_TRUE(server.wait_for_requests(1, 5000ms));
+  EXPECT_FALSE(wait_until([&] { return returned.load(); }, 50ms));
+  stream->stop();
+  EXPECT_TRUE(wait_until([&] { return returned.load(); }, 5000ms));
+  reader.join();
+  EXPECT_FALSE(result);
 }
 
 }  // namespace

@@ -117,6 +117,9 @@ struct WatchEvent {
 // An open watch. next() blocks until an event arrives, the stream ends (returns nullopt: the
 // server closed it or timeoutSeconds elapsed; the caller re-watches from the last
 // resourceVersion), or stop() is called from another thread (returns nullopt promptly).
+// Implementations may open the stream lazily, so errors opening it (GoneError for an expired
+// resourceVersion, other ApiErrors, Unavailable) may come from watch() or from the first next();
+// next() also throws Unavailable when an open stream breaks. Callers handle both places.
 class WatchStream {
  public:
   virtual ~WatchStream() = default;

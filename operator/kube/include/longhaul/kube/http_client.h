@@ -51,6 +51,8 @@ struct HttpClientOptions {
   std::function<void(const RequestObservation&)> observer;  // called on the requesting thread
 };
 
+class HttpWatchStream;
+
 class HttpClient : public Client {
  public:
   // Connects with CpprestTransport to `config.server` with its TLS settings and credentials.
@@ -69,6 +71,10 @@ class HttpClient : public Client {
              PatchType type, bool status_subresource = false) override;
   void remove(const Resource& r, std::string_view ns, std::string_view name,
               const DeleteOptions& opts = {}) override;
+  // Returns at once; the stream is opened by the first next() (with the same retries), so that
+  // stop() from another thread also aborts an open in progress. Errors opening it (GoneError
+  // for an expired resourceVersion, other ApiErrors, Unavailable) are thrown by that next().
+  // The stream must not outlive the client.
   std::unique_ptr<WatchStream> watch(const Resource& r, std::string_view ns,
                                      const ListOptions& opts) override;
 
@@ -76,10 +82,9 @@ class HttpClient : public Client {
   void close();
 
  private:
+  friend class HttpWatchStream;
   struct Call;
   HttpResponse send(const Call& call, const HttpRequest& request);
-  std::unique_ptr<HttpStream> open_stream(const Call& call, const HttpRequest& request,
-                                          std::chrono::seconds idle);
   void add_common_headers(HttpRequest& request);
   // Sleeps for `delay` unless close() is called; returns false when closed.
   bool wait(std::chrono::steady_clock::duration delay);

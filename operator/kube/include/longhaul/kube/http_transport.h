@@ -34,16 +34,19 @@ struct HttpResponse {
   std::string body;
 };
 
-// A response whose body is read as it arrives (watch streams). Headers have already arrived.
+// A response whose body is read as it arrives (watch streams). The request may still be in
+// flight when the stream is handed out: status() and headers() wait for the response headers.
 class HttpStream {
  public:
   virtual ~HttpStream() = default;
+  // Wait for the headers. Throw Unavailable on network failure, Cancelled after cancel().
   virtual int status() const = 0;
   virtual const HttpHeaders& headers() const = 0;
   // The next line of the body without its line terminator. nullopt when the body ended or after
   // cancel(). Throws Unavailable when the connection fails or stays idle past the idle timeout.
   virtual std::optional<std::string> read_line() = 0;
-  // Aborts the stream: a read_line() blocked in another thread returns nullopt promptly.
+  // Aborts the request and the stream, whether or not the headers have arrived: a status() or
+  // read_line() blocked in another thread returns (Cancelled / nullopt) promptly.
   virtual void cancel() = 0;
 };
 
@@ -53,8 +56,8 @@ class HttpTransport {
   // Sends one request and returns whatever status the server answered. Throws Unavailable on
   // network failures (refused, reset, TLS failure, no answer within the transport's timeout).
   virtual HttpResponse request(const HttpRequest& request) = 0;
-  // Sends a request and returns as soon as the response headers arrive. `idle_timeout` bounds
-  // the silence between two pieces of the body. Throws like request().
+  // Starts a request and returns without waiting for the answer (see HttpStream::status()).
+  // `idle_timeout` bounds the silence between two pieces of the answer.
   virtual std::unique_ptr<HttpStream> stream(const HttpRequest& request,
                                              std::chrono::seconds idle_timeout) = 0;
 };
