@@ -3,6 +3,7 @@
 // injected faults, informers across dropped watches and expired history, leader election and
 // Events.
 #include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -100,6 +101,33 @@ TEST(FakeApiClientTest, KubeconfigWithTlsCaAndBearerToken) {
     EXPECT_EQ(e.http_status(), 401);
     EXPECT_EQ(e.code(), Code::kPermissionDenied);
   }
+}
+
+TEST(FakeApiClientTest, InClusterConfigFollowsTokenRotation) {
+  fakeapi::Options options;
+  options.tls.enabled = true;
+  options.bearer_token = "rotated-token";
+  fakeapi::FakeApiServer server(options);
+  server.start();
+  TempDir dir;
+  const fs::path token = dir.path() / "token";
+  std::ofstream(token) << "expired-token\n";
+  std::ofstream(dir.path() / "namespace") << "longhaul-system";
+  ::setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1", 1);
+  ::setenv("KUBERNETES_SERVICE_PORT", std::to_string(server.port()).c_str(), 1);
+  ClusterConfig config = load_in_cluster_config(
+      {token.string(), server.ca_file().string(), (dir.path() / "namespace").string()});
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+  ::unsetenv("KUBERNETES_SERVICE_PORT");
+  EXPECT_EQ(config.default_namespace, "longhaul-system");
+  HttpClientOptions no_retry = fast_options();
+  no_retry.max_retries = 0;
+  HttpClient client(config, no_retry);  // TLS verified against ca.crt
+  EXPECT_THROW(client.list(resources::kPods, "longhaul-system", {}), ApiError);
+  // The kubelet rotates the projected token (atomic rename); the next request uses it.
+  std::ofstream(dir.path() / "token.new") << "rotated-token\n";
+  fs::rename(dir.path() / "token.new", token);
+  EXPECT_NO_THROW(client.list(resources::kPods, "longhaul-system", {}));
 }
 
 TEST(FakeApiClientTest, WriteSemanticsAndErrorMapping) {
