@@ -129,22 +129,35 @@ TEST_P(EquivalenceTest, ReplicasMatchOneProcessWithTheSameGlobalBatch) {
   const auto expected = read_tensors(dir_ / "single" / "model.ckpt-8.safetensors");
   const auto actual = read_tensors(dir_ / "replicas" / "model.ckpt-8.safetensors");
   ASSERT_EQ(expected.size(), actual.size());
+  // fp32 rounding: the sums over ranks and over the batch associate differently, and AdamW's
+  // m / sqrt(v) magnifies those last-bit differences for near-zero gradients. Each step moves a
+  // parameter by up to learning_rate (0.01), so a different batch would differ by ~1e-2; the
+  // bound is 1% of one step.
   double worst = 0;
   std::string worst_name;
   for (const auto& [name, want] : expected) {
     const auto& got = actual.at(name);
     ASSERT_EQ(got.size(), want.size()) << name;
     for (size_t i = 0; i < want.size(); ++i) {
-      const double diff = std::abs(static_cast<double>(got[i]) - want[i]) /
-                          std::max(1e-2, std::abs(static_cast<double>(want[i])));
+      const double diff = std::abs(static_cast<double>(got[i]) - want[i]);
       if (diff > worst) {
         worst = diff;
         worst_name = name;
       }
     }
   }
-  // fp32 rounding: the sums over ranks and over the batch associate differently.
-  EXPECT_LT(worst, 1e-3) << "worst relative difference in " << worst_name;
+  EXPECT_LT(worst, 1e-4) << "worst absolute difference in " << worst_name;
+  // The bound is meaningful: one process on the per-replica batch alone ends far away.
+  RunOutput half = run_worker(train_args("many.yaml", "half"), dir_, seconds(120));
+  ASSERT_EQ(half.exit_code, 0) << half.err;
+  const auto other = read_tensors(dir_ / "half" / "model.ckpt-8.safetensors");
+  double apart = 0;
+  for (const auto& [name, want] : expected) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      apart = std::max(apart, std::abs(static_cast<double>(other.at(name)[i]) - want[i]));
+    }
+  }
+  EXPECT_GT(apart, 100 * worst);
   // Only the chief wrote events (one file), and the run is marked done for evaluators.
   EXPECT_EQ(supervisor::list_events_files(dir_ / "replicas").size(), 1u);
   EXPECT_EQ(read_text(dir_ / "replicas" / "training.done"), "8\n");

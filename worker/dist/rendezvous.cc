@@ -17,6 +17,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
@@ -358,6 +359,9 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
                           std::to_string(o.world_size));
   }
   if (o.world_size == 1) return std::make_unique<SoloCommunicator>();
+  // A write to a peer that died must fail with EPIPE (-> Aborted, exit 138), not kill this
+  // process with SIGPIPE: the Gloo transport does not suppress it on every send.
+  ::signal(SIGPIPE, SIG_IGN);
   const fs::path dir = o.rendezvous_root.empty() ? rendezvous_dir(o.logdir, o.attempt)
                                                  : o.rendezvous_root / o.attempt;
   const auto start = Clock::now();
