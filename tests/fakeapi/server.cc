@@ -80,6 +80,18 @@ StatusError resource_not_found() {
                      json::object());
 }
 
+// The real server answers a completed DELETE with the deleted object for these types (their
+// storage sets ReturnDeletedObject) and with a Success Status for the others.
+bool returns_deleted_object(const ResourceType& type) {
+  if (type.custom) return true;
+  if (!type.group.empty()) return false;
+  for (const char* plural :
+       {"pods", "services", "persistentvolumeclaims", "persistentvolumes", "nodes", "namespaces"}) {
+    if (type.plural == plural) return true;
+  }
+  return false;
+}
+
 std::optional<int64_t> int_param(const http::Request& request, const std::string& name) {
   if (!request.has_param(name)) return std::nullopt;
   const std::string value = request.param(name);
@@ -611,7 +623,26 @@ void FakeApiServer::Impl::serve_resource(const http::Request& request, const Rou
     json patch = json::parse(request.body);
     send_json(connection, 200, store.patch(type, r.ns, r.name, patch, patch_type, status), record);
   } else if (r.verb == "delete") {
-    send_json(connection, 200, store.remove(type, r.ns, r.name, delete_options(request)), record);
+    json removed = store.remove(type, r.ns, r.name, delete_options(request));
+    bool pending = false;  // still there: graceful pod deletion, finalizers, foreground
+    try {
+      pending = store.get(type, r.ns, r.name)["metadata"]["uid"] == removed["metadata"]["uid"];
+    } catch (const StatusError&) {
+    }
+    if (!pending && !returns_deleted_object(type)) {
+      // Types without ReturnDeletedObject answer a Success Status naming what was deleted.
+      json details = {{"name", r.name}, {"kind", type.plural}, {"uid", removed["metadata"]["uid"]}};
+      if (!type.group.empty()) details["group"] = type.group;
+      send_json(connection, 200,
+                {{"kind", "Status"},
+                 {"apiVersion", "v1"},
+                 {"metadata", json::object()},
+                 {"status", "Success"},
+                 {"details", details}},
+                record);
+    } else {
+      send_json(connection, 200, removed, record);
+    }
   } else if (r.verb == "deletecollection") {
     LabelSelector labels = LabelSelector::parse(request.param("labelSelector"));
     FieldSelector fields = FieldSelector::parse(request.param("fieldSelector"), type);
