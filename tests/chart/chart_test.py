@@ -31,7 +31,8 @@ NAMESPACE = "longhaul-system"
 KUBE_VERSION = "1.30.0"
 
 JOB_RULES = {
-    ("longhaul.dev", "trainingjobs"): {"get", "list", "watch", "update", "patch"},
+    # delete: ttlSecondsAfterFinished removes the finished job (operator/controller/reconciler.cc).
+    ("longhaul.dev", "trainingjobs"): {"get", "list", "watch", "update", "patch", "delete"},
     ("longhaul.dev", "trainingjobs/status"): {"get", "update", "patch"},
     ("longhaul.dev", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
