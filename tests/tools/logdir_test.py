@@ -31,12 +31,13 @@ from safetensors.numpy import load_file
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-MAX_STEPS = 400
+MAX_STEPS = 1000
+STOP_AFTER = 300  # SIGTERM once this step is printed
 CONFIG = f"""
 model: {{preset: tiny, n_layer: 1, n_head: 2, n_embd: 32, context_length: 32}}
-training: {{batch_size: 2, seq_len: 16, max_steps: {MAX_STEPS}, learning_rate: 0.01, warmup_steps: 5}}
-checkpoint: {{save_model_secs: 0, save_model_steps: 50, max_to_keep: 0}}
-summaries: {{every_steps: 1, save_summaries_secs: 0.1}}
+training: {{batch_size: 8, seq_len: 32, max_steps: {MAX_STEPS}, learning_rate: 0.01, warmup_steps: 5}}
+checkpoint: {{save_model_secs: 0, save_model_steps: 125, max_to_keep: 0}}
+summaries: {{every_steps: 1, save_summaries_secs: 0.05}}
 log: {{every_steps: 1}}
 eval: {{every_steps: 0}}
 """
@@ -79,7 +80,8 @@ def train_with_restart(worker, work):
         deadline = time.time() + 120
         while time.time() < deadline and p.poll() is None:
             with open(out_path) as f:
-                if re.search(r"step +1[5-9]\d/", f.read()):
+                steps = re.findall(r"step +(\d+)/", f.read())
+                if steps and int(steps[-1]) >= STOP_AFTER:
                     break
             time.sleep(0.01)  # poll the output condition
         p.send_signal(signal.SIGTERM)
@@ -90,12 +92,14 @@ def train_with_restart(worker, work):
     m = re.search(r"resuming at step (\d+)/", second.stdout)
     check(m is not None, "second run did not resume:\n" + second.stdout)
     stop_step = int(m.group(1))
-    check(150 <= stop_step < MAX_STEPS, f"SIGTERM step {stop_step} not inside the run")
+    check(STOP_AFTER <= stop_step < MAX_STEPS, f"SIGTERM step {stop_step} not inside the run")
     return stop_step
 
 
 def check_events(logdir, stop_step):
-    files = sorted(f for f in os.listdir(logdir) if f.startswith("events.out.tfevents."))
+    files = [f for f in os.listdir(logdir) if f.startswith("events.out.tfevents.")]
+    # In run order: by the wall time of each file's first record (names tie within a second).
+    files.sort(key=lambda f: next(iter(EventFileLoader(os.path.join(logdir, f)).Load())).wall_time)
     check(len(files) == 2, f"expected one events file per run, got {files}")
     expected_sessions = [(0, stop_step), (stop_step, MAX_STEPS)]
     for name, (start, stop) in zip(files, expected_sessions):
@@ -138,7 +142,7 @@ def check_checkpoints(worker, logdir):
     expected = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in report["restore"]["tensors"]}
     check(report["restore"]["step"] == MAX_STEPS, f"restore target {report['restore']}")
     files = sorted(f for f in os.listdir(logdir) if re.fullmatch(r"model\.ckpt-\d+\.safetensors", f))
-    check(len(files) >= 8, f"expected checkpoints every 50 steps, got {files}")
+    check(len(files) >= 8, f"expected checkpoints every 125 steps and at the stop, got {files}")
     listed = {c["file"]: c for c in report["checkpoints"]}
     for name in files:
         path = os.path.join(logdir, name)
