@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Data-parallel replicas on one machine (worker/dist): training steps/s for 1, 2 and 3 local
+# replicas on CPU (`longhaul-worker launch`, Gloo all-reduce over loopback), and the time from a
+# peer's death (SIGKILL) or hang (SIGSTOP) to the exit (code 138) of every survivor.
+#
+#   bench/dist_bench.sh [--build-dir DIR] [--preset tiny] [--batch 4] [--seq 64]
+#                       [--threads-per-replica 1] [--steps 60] [--timeout-secs 3]
+#
+# Steps/s is measured between two run lengths (steps and 3*steps) so that start-up,
+# rendezvous and the final checkpoint cancel out. Every replica trains on `--batch` sequences
+# per step (weak scaling: the global batch grows with the replicas); tokens/s counts all
+# replicas. With --build-dir unset it builds longhaul-worker in build/bench-dist (Release).
+# Results for the development machine are recorded in bench/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="" preset=tiny batch=4 seq=64 threads=1 steps=60 timeout_secs=3
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir) build="$2"; shift 2 ;;
+    --preset) preset="$2"; shift 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    --seq) seq="$2"; shift 2 ;;
+    --threads-per-replica) threads="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --timeout-secs) timeout_secs="$2"; shift 2 ;;
+    *) echo "usage: $0 [--build-dir DIR] [--preset P] [--batch B] [--seq T]" \
+            "[--threads-per-replica N] [--steps N] [--timeout-secs S]" >&2; exit 2 ;;
+  esac
+done
+if [[ -z "$build" ]]; then
+  build=build/bench-dist
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_CUDA=OFF >/dev/null
+  cmake --build "$build" --target longhaul-worker -j2 >/dev/null
+fi
+worker="$(realpath "$build/worker/cli/longhaul-worker")"
+work="$(mktemp -d /tmp/dist_bench.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+export LONGHAUL_NUM_THREADS="$threads"
+
+config() {  # config <max_steps> <save_model_steps>
+  cat <<YAML
+model: {preset: $preset}
+training: {batch_size: $batch, seq_len: $seq, max_steps: $1, warmup_steps: 2}
+checkpoint: {save_model_secs: 0, save_model_steps: $2, max_to_keep: 2}
+summaries: {every_steps: 0, save_summaries_secs: 0}
+log: {every_steps: 1000000}
+eval: {every_steps: 0}
+supervisor: {recovery_wait_secs: 0.05, max_wait_secs: 60}
+YAML
+}
+
+now() { date +%s.%N; }
+calc() { awk "BEGIN { printf \"%.6f\", $* }"; }
+
+# Wall seconds of `launch --replicas $1` training $2 steps in a fresh logdir.
+timed_run() {
+  local dir="$work/run-$1-$2"
+  config "$2" 0 >"$work/cfg-$2.yaml"
+  local t0 t1
+  t0=$(now)
+  "$worker" launch --replicas "$1" --max-restarts 0 -- train --config "$work/cfg-$2.yaml" \
+    --logdir "$dir" >"$dir.log" 2>&1 || { echo "run failed, see below" >&2; cat "$dir.log" >&2; exit 1; }
+  t1=$(now)
+  calc "$t1 - $t0"
+}
+
+echo "== steps/s: $preset, per replica batch ${batch}x${seq}, $threads thread(s) per replica, $(nproc) CPUs"
+printf "%-9s %10s %14s %12s %12s\n" replicas steps/s tokens/s vs_1_replica "ms/step"
+base=""
+for w in 1 2 3; do
+  short=$(timed_run "$w" "$steps")
+  long=$(timed_run "$w" $((3 * steps)))
+  sps=$(calc "2 * $steps / ($long - $short)")
+  tps=$(calc "$sps * $w * $batch * $seq")
+  [[ -z "$base" ]] && base="$tps"
+  printf "%-9s %10.2f %14.0f %11.2fx %12.1f\n" "$w" "$sps" "$tps" "$(calc "$tps / $base")" \
+    "$(calc "1000 / $sps")"
+done
+
+# Failure detection: 3 replicas, one is killed (or stopped) after the first checkpoint; the
+# time until every survivor exited, and their exit codes.
+detect() {  # detect <KILL|STOP>
+  local dir="$work/fail-$1" pids=() i
+  mkdir -p "$dir"
+  config 100000000 5 >"$dir/cfg.yaml"
+  local cluster='"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2222", "127.0.0.1:2222"]'
+  for i in 0 1 2; do
+    local task='{"type": "chief", "index": 0}'
+    [[ $i -gt 0 ]] && task="{\"type\": \"worker\", \"index\": $((i - 1))}"
+    TF_CONFIG="{\"cluster\": {$cluster}, \"task\": $task}" LONGHAUL_RESTART_ATTEMPT="$1" \
+      LONGHAUL_COLLECTIVE_TIMEOUT_SECS="$timeout_secs" \
+      "$worker" train --config "$dir/cfg.yaml" --logdir "$dir/run" >"$dir/$i.log" 2>&1 &
+    pids+=($!)
+  done
+  until grep -q model_checkpoint_path "$dir/run/checkpoint" 2>/dev/null; do sleep 0.05; done
+  local t0 codes=() last
+  t0=$(now)
+  kill -"$1" "${pids[2]}"
+  for i in 0 1; do
+    set +e; wait "${pids[$i]}"; codes+=($?); set -e
+  done
+  last=$(now)
+  kill -KILL "${pids[2]}" 2>/dev/null || true
+  kill -CONT "${pids[2]}" 2>/dev/null || true
+  wait "${pids[2]}" 2>/dev/null || true
+  printf "%-26s %12.3f %18s\n" "$2" "$(calc "$last - $t0")" "${codes[*]}"
+}
+echo
+echo "== peer loss: 3 replicas, LONGHAUL_COLLECTIVE_TIMEOUT_SECS=$timeout_secs"
+printf "%-26s %12s %18s\n" event "all_exited_s" survivor_exit_codes
+detect KILL "peer SIGKILL (died)" 2>/dev/null
+detect STOP "peer SIGSTOP (hung/cut)" 2>/dev/null
