@@ -529,12 +529,13 @@ ListResult Store::list(const ResourceType& type, const std::string& ns, const La
   for (; it != objects.end(); ++it) {
     const json& object = it->second;
     if (!ns.empty() && it->first.first != ns) continue;
-    json view = selector_view(object);
-    const json& meta = view["metadata"];
-    if (!labels.matches(meta.contains("labels") ? meta["labels"] : json::object()) ||
-        !fields.matches(view)) {
-      continue;
+    if (!labels.empty()) {
+      const json& meta = metadata_of(object);
+      auto labels_it = meta.find("labels");
+      static const json no_labels = json::object();
+      if (!labels.matches(labels_it != meta.end() ? *labels_it : no_labels)) continue;
     }
+    if (!fields.empty() && !fields.matches(object)) continue;
     if (limit > 0 && result.items.size() == limit) {
       // There is more: hand out a continue token that starts after the last item returned.
       const json& last_meta = metadata_of(result.items.back());
@@ -985,7 +986,10 @@ std::vector<std::tuple<ResourceType, Store::Key>> Store::dependents_locked(
       auto refs = meta.find("ownerReferences");
       if (refs == meta.end() || !refs->is_array()) continue;
       for (const json& ref : *refs) {
-        if (ref.is_object() && ref.value("uid", "") == owner_uid) {
+        if (!ref.is_object()) continue;
+        auto uid = ref.find("uid");
+        if (uid != ref.end() && uid->is_string() &&
+            uid->get_ref<const std::string&>() == owner_uid) {
           out.emplace_back(types_.at(type_id), key);
           break;
         }
