@@ -4,6 +4,7 @@
 // resumes from the latest checkpoint, `launch` restarts and signal forwarding, the evaluator.
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -255,6 +256,34 @@ TEST_F(DistReplicasTest, HungWorkerMakesTheOthersExit138AfterTheCollectiveTimeou
   ranks[1]->signal(SIGKILL);
   ranks[1]->signal(SIGCONT);
   EXPECT_TRUE(ranks[1]->wait(seconds(10)).has_value());
+}
+
+TEST_F(DistReplicasTest, SigtermToOneWorkerStopsAllAtOneStepWithAFinalCheckpoint) {
+  auto ranks = start_long_run(*this, dir_, 10);
+  ranks[1]->signal(SIGTERM);  // a preempted worker pod
+  EXPECT_EQ(ranks[1]->wait(seconds(60)), 143) << ranks[1]->err();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(ranks[r]->wait(seconds(60)), 138) << "rank " << r << ": " << ranks[r]->err();
+    EXPECT_THAT(ranks[r]->err(), HasSubstr("because another replica stopped"));
+  }
+  // The chief committed a final checkpoint at the step where every replica stopped.
+  const auto latest = state_file_latest_step(dir_ / "run");
+  ASSERT_TRUE(latest.has_value());
+  char last_line[32];
+  std::snprintf(last_line, sizeof last_line, "step %6lld/", static_cast<long long>(*latest));
+  EXPECT_THAT(ranks[0]->out(), HasSubstr(last_line))
+      << "the chief's last step is the checkpointed one";
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "training.done"));
+}
+
+TEST_F(DistReplicasTest, LaunchDoesNotRestartAPermanentFailure) {
+  auto launch =
+      start({"launch", "--replicas", "2", "--max-restarts", "3", "--", "train", "--config",
+             (dir_ / "missing.yaml").string(), "--logdir", (dir_ / "run").string()},
+            {});
+  EXPECT_EQ(launch->wait(seconds(60)), 2) << launch->err();
+  EXPECT_THAT(launch->err(), HasSubstr("not restarting"));
+  EXPECT_THAT(launch->err(), ::testing::Not(HasSubstr("restarting the whole group")));
 }
 
 // Pids of the running children of `parent` (from /proc).
