@@ -565,7 +565,7 @@ def test_the_operator_binary_accepts_the_charts_flags(values_file, tmp_path):
     args = [a for a in container["args"] if not a.startswith(("--metrics-port", "--health-port"))]
     argv = [binary, *args, "--metrics-port=0", "--health-port=0", f"--kubeconfig={kubeconfig}"]
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=3)
         output, code = result.stdout + result.stderr, result.returncode
     except subprocess.TimeoutExpired as e:  # running: it parsed its flags and is retrying
         def text(x):  # TimeoutExpired keeps bytes even with text=True
