@@ -1,5 +1,8 @@
 // Watch streams over real HTTP: framing, ordering, resume, bookmarks, 410 Expired, timeouts,
 // selector transitions, direct store writes, and stop() with open streams.
+#include <set>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "test_fixture.h"
@@ -254,6 +257,43 @@ TEST_F(FakeApiTest, CascadingDeletionEmitsDeletedEventsForDependents) {
     deleted.push_back((*e)["object"]["metadata"]["name"]);
   }
   EXPECT_EQ(deleted, (std::vector<std::string>{"j-worker-0", "j-worker-1"}));
+}
+
+TEST_F(FakeApiTest, ConcurrentWritersAreSeenByEveryWatcherOnceInVersionOrder) {
+  constexpr int kWriters = 4;
+  constexpr int kPodsEach = 20;
+  std::string rv = std::to_string(server_->resource_version());
+  std::vector<std::unique_ptr<TestHttpClient>> watches;
+  for (int i = 0; i < 2; ++i) {
+    watches.push_back(std::make_unique<TestHttpClient>(server_->port()));
+    watches.back()->start_watch("/api/v1/pods?watch=true&resourceVersion=" + rv);
+  }
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kWriters; ++t) {
+    writers.emplace_back([&, t] {
+      TestHttpClient client(server_->port());
+      for (int i = 0; i < kPodsEach; ++i) {
+        std::string ns = t % 2 == 0 ? "default" : "other";
+        client.post("/api/v1/namespaces/" + ns + "/pods",
+                    pod("p-" + std::to_string(t) + "-" + std::to_string(i)));
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  for (auto& watch : watches) {
+    std::set<std::string> seen;
+    uint64_t last = 0;
+    for (int i = 0; i < kWriters * kPodsEach; ++i) {
+      std::optional<json> e = watch->next_event();
+      ASSERT_TRUE(e) << "event " << i;
+      EXPECT_EQ((*e)["type"], "ADDED");
+      EXPECT_GT(rv_of((*e)["object"]), last);
+      last = rv_of((*e)["object"]);
+      seen.insert((*e)["object"]["metadata"]["name"].get<std::string>());
+    }
+    EXPECT_EQ(seen.size(), size_t{kWriters * kPodsEach});
+    EXPECT_FALSE(watch->next_event(milliseconds(50)).has_value());
+  }
 }
 
 TEST_F(FakeApiTest, StopEndsOpenWatchesAndJoins) {
