@@ -1,0 +1,299 @@
+// The local kubelet against the fake API server over HTTP: pods run as local shell processes and
+// their status, deletion, preemption, node loss and shared claims behave as on a cluster.
+#include "longhaul/kubelet/local_kubelet.h"
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include <longhaul/fakeapi/server.h>
+#include <longhaul/kube/http_client.h>
+
+namespace longhaul::kubelet {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// A process that runs until signalled; "ready" once its TERM trap is in place.
+const char* kLongRunning = "trap 'exit 143' TERM; echo ready; while :; do sleep 0.05; done";
+// A process that ignores SIGTERM: only SIGKILL stops it.
+const char* kIgnoresTerm = "trap '' TERM; echo ready; while :; do sleep 0.05; done";
+
+json pod_manifest(const std::string& name, const std::string& script,
+                  const std::string& restart_policy = "Never", int grace = 30) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Pod"},
+          {"metadata", {{"name", name}, {"namespace", "default"}, {"labels", {{"test", "1"}}}}},
+          {"spec",
+           {{"restartPolicy", restart_policy},
+            {"terminationGracePeriodSeconds", grace},
+            {"containers",
+             {{{"name", "main"}, {"image", "busybox"}, {"command", {"/bin/sh", "-c", script}}}}}}}};
+}
+
+class LocalKubeletTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root = fs::temp_directory_path() /
+           ("lh-kubelet-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root);
+    server.start();
+    kube::ClusterConfig cfg;
+    cfg.server = server.url();
+    kube::HttpClientOptions co;
+    co.qps = 0;
+    co.initial_backoff = 20ms;
+    client = std::make_shared<kube::HttpClient>(cfg, co);
+    KubeletOptions o;
+    o.root = root;
+    o.nodes = {"node-a", "node-b"};
+    o.crash_backoff_initial = 20ms;
+    o.crash_backoff_max = 100ms;
+    o.stop_grace = 2s;
+    kubelet = std::make_unique<LocalKubelet>(client, o);
+    kubelet->start();
+  }
+  void TearDown() override {
+    kubelet->stop();
+    client->close();
+    server.stop();
+    fs::remove_all(root);
+  }
+
+  std::optional<json> pod(const std::string& name) {
+    return server.try_get("pods", "default", name);
+  }
+  std::string phase(const std::string& name) {
+    auto p = pod(name);
+    return p ? p->value("status", json::object()).value("phase", "") : "<gone>";
+  }
+  bool wait_phase(const std::string& name, const std::string& want,
+                  std::chrono::milliseconds timeout = 20s) {
+    return server.wait_for([&] { return phase(name) == want; }, timeout);
+  }
+  json condition(const std::string& name, const std::string& type) {
+    auto p = pod(name);
+    if (!p) return nullptr;
+    for (const json& c : p->value("status", json::object()).value("conditions", json::array())) {
+      if (c.value("type", "") == type) return c;
+    }
+    return nullptr;
+  }
+  json terminated(const std::string& name) {
+    return pod(name)
+        ->at("status")
+        .at("containerStatuses")
+        .at(0)
+        .at("state")
+        .value("terminated", json(nullptr));
+  }
+  std::string log_of(const std::string& name) {
+    std::ifstream in(kubelet->log_path("default", name));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  bool wait_log(const std::string& name, const std::string& needle) {
+    // Log lines reach the file without an API event: re-check on every local change and at
+    // least every 50 ms of the deadline.
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (log_of(name).find(needle) != std::string::npos) return true;
+      kubelet->wait_for([&] { return log_of(name).find(needle) != std::string::npos; }, 50ms);
+    }
+    return false;
+  }
+
+  fs::path root;
+  fakeapi::FakeApiServer server;
+  std::shared_ptr<kube::HttpClient> client;
+  std::unique_ptr<LocalKubelet> kubelet;
+};
+
+TEST_F(LocalKubeletTest, RunsAPodToSucceededWithItsOutputInTheLog) {
+  server.create("pods", "default", pod_manifest("ok", "echo hello from $HOSTNAME"));
+  ASSERT_TRUE(wait_phase("ok", "Succeeded"));
+  const json p = *pod("ok");
+  EXPECT_FALSE(p["spec"].value("nodeName", "").empty());  // bound by the kubelet
+  EXPECT_EQ(p["status"]["podIP"], "127.0.0.1");
+  EXPECT_EQ(terminated("ok")["exitCode"], 0);
+  EXPECT_EQ(terminated("ok")["reason"], "Completed");
+  EXPECT_EQ(condition("ok", "Ready")["status"], "False");
+  EXPECT_EQ(condition("ok", "Ready")["reason"], "PodCompleted");
+  EXPECT_NE(log_of("ok").find("hello from ok"), std::string::npos);
+}
+
+TEST_F(LocalKubeletTest, ANonZeroExitFailsThePodWithTheCode) {
+  server.create("pods", "default", pod_manifest("bad", "exit 3"));
+  ASSERT_TRUE(wait_phase("bad", "Failed"));
+  EXPECT_EQ(terminated("bad")["exitCode"], 3);
+  EXPECT_EQ(terminated("bad")["reason"], "Error");
+  EXPECT_EQ(pod("bad")->at("status").at("containerStatuses").at(0).at("restartCount"), 0);
+}
+
+TEST_F(LocalKubeletTest, AProgramThatCannotStartFailsWith127) {
+  json m = pod_manifest("missing", "");
+  m["spec"]["containers"][0]["command"] = {"/nonexistent/program"};
+  server.create("pods", "default", m);
+  ASSERT_TRUE(wait_phase("missing", "Failed"));
+  EXPECT_EQ(terminated("missing")["exitCode"], 127);
+  EXPECT_EQ(terminated("missing")["reason"], "StartError");
+}
+
+TEST_F(LocalKubeletTest, RunningPodIsReadyAndDeletionStopsItWithSigterm) {
+  server.create("pods", "default", pod_manifest("long", kLongRunning));
+  ASSERT_TRUE(server.wait_for(
+      [&] {
+        return phase("long") == "Running" && !condition("long", "Ready").is_null() &&
+               condition("long", "Ready")["status"] == "True";
+      },
+      20s));
+  EXPECT_TRUE(
+      pod("long")->at("status").at("containerStatuses").at(0).at("state").contains("running"));
+  EXPECT_EQ(condition("long", "ContainersReady")["status"], "True");
+  ASSERT_TRUE(wait_log("long", "ready"));
+
+  server.remove("pods", "default", "long", {.grace_period_seconds = 30});
+  // The kubelet stops the process and finalizes the deletion: the pod is gone.
+  ASSERT_TRUE(server.wait_for([&] { return !pod("long"); }, 20s));
+  auto info = kubelet->pod("default", "long");
+  if (info) {
+    EXPECT_EQ(info->exit_code, 143);  // the TERM trap ran: stopped by SIGTERM, not SIGKILL
+  }
+}
+
+TEST_F(LocalKubeletTest, DeletionKillsAProcessThatIgnoresSigtermAfterTheGracePeriod) {
+  server.create("pods", "default", pod_manifest("stubborn", kIgnoresTerm, "Never", 1));
+  ASSERT_TRUE(wait_phase("stubborn", "Running"));
+  ASSERT_TRUE(wait_log("stubborn", "ready"));
+  pid_t pid = kubelet->pod("default", "stubborn")->pid;
+  server.remove("pods", "default", "stubborn", {.grace_period_seconds = 1});
+  ASSERT_TRUE(server.wait_for([&] { return !pod("stubborn"); }, 20s));
+  // Gone from the API only once the process is dead, and it died of SIGKILL.
+  EXPECT_NE(::kill(pid, 0), 0);
+  auto info = kubelet->pod("default", "stubborn");
+  if (info) {
+    EXPECT_EQ(info->exit_code, 128 + SIGKILL);
+  }
+}
+
+TEST_F(LocalKubeletTest, PreemptionMarksDisruptionThenFailsThePodAsPreempted) {
+  server.create("pods", "default", pod_manifest("victim", kLongRunning));
+  ASSERT_TRUE(wait_phase("victim", "Running"));
+  ASSERT_TRUE(wait_log("victim", "ready"));
+  kubelet->preempt("default", "victim");
+  ASSERT_TRUE(wait_phase("victim", "Failed"));
+  const json d = condition("victim", "DisruptionTarget");
+  ASSERT_FALSE(d.is_null());
+  EXPECT_EQ(d["status"], "True");
+  EXPECT_EQ(d["reason"], "PreemptionByScheduler");
+  EXPECT_EQ(pod("victim")->at("status").at("reason"), "Preempted");
+  EXPECT_EQ(terminated("victim")["exitCode"], 143);
+}
+
+TEST_F(LocalKubeletTest, PreemptionGraceOverrideEndsInSigkill) {
+  server.create("pods", "default", pod_manifest("stubborn", kIgnoresTerm));
+  ASSERT_TRUE(wait_phase("stubborn", "Running"));
+  ASSERT_TRUE(wait_log("stubborn", "ready"));
+  kubelet->preempt("default", "stubborn", "TerminationByKubelet", 200ms);
+  ASSERT_TRUE(wait_phase("stubborn", "Failed"));
+  EXPECT_EQ(terminated("stubborn")["exitCode"], 128 + SIGKILL);
+  EXPECT_EQ(condition("stubborn", "DisruptionTarget")["reason"], "TerminationByKubelet");
+  EXPECT_THROW(kubelet->preempt("default", "stubborn"), NotFound);
+}
+
+TEST_F(LocalKubeletTest, ALostNodeKillsItsPodsAndNeverReportsThemAgain) {
+  server.create("pods", "default", pod_manifest("doomed", kLongRunning));
+  ASSERT_TRUE(wait_phase("doomed", "Running"));
+  const std::string node = pod("doomed")->at("spec").at("nodeName");
+  const pid_t pid = kubelet->pod("default", "doomed")->pid;
+  const size_t writes_before =
+      server.count_requests({.verb = "patch", .resource = "pods", .name = "doomed"});
+
+  kubelet->lose_node(node);
+  ASSERT_TRUE(kubelet->wait_for([&] { return !kubelet->pod("default", "doomed")->running; }, 20s));
+  EXPECT_EQ(kubelet->pod("default", "doomed")->exit_code, 128 + SIGKILL);
+  EXPECT_NE(::kill(pid, 0), 0);
+
+  // A new pod lands on the surviving node and runs; by then the kubelet has synced the lost pod
+  // several times without writing it.
+  server.create("pods", "default", pod_manifest("survivor", "exit 0"));
+  ASSERT_TRUE(wait_phase("survivor", "Succeeded"));
+  EXPECT_NE(pod("survivor")->at("spec").at("nodeName"), node);
+  EXPECT_EQ(phase("doomed"), "Running");  // as on a dead node
+  EXPECT_EQ(server.count_requests({.verb = "patch", .resource = "pods", .name = "doomed"}),
+            writes_before);
+  // Nobody finalizes its deletion: it stays Terminating until force-deleted.
+  server.remove("pods", "default", "doomed", {.grace_period_seconds = 1});
+  server.create("pods", "default", pod_manifest("marker", "exit 0"));
+  ASSERT_TRUE(wait_phase("marker", "Succeeded"));
+  ASSERT_TRUE(pod("doomed"));
+  server.remove("pods", "default", "doomed", {.grace_period_seconds = 0});
+  EXPECT_FALSE(pod("doomed"));
+}
+
+TEST_F(LocalKubeletTest, ALostNodeCanBeEvictedLikeTheNodeLifecycleControllerDoes) {
+  server.create("pods", "default", pod_manifest("evictee", kLongRunning));
+  ASSERT_TRUE(wait_phase("evictee", "Running"));
+  const std::string node = pod("evictee")->at("spec").at("nodeName");
+  kubelet->lose_node(node, {.evict_after = 0ms});
+  ASSERT_TRUE(server.wait_for(
+      [&] {
+        return pod("evictee") && pod("evictee")->at("metadata").contains("deletionTimestamp");
+      },
+      20s));
+  EXPECT_EQ(condition("evictee", "DisruptionTarget")["reason"], "DeletionByTaintManager");
+  EXPECT_EQ(phase("evictee"), "Running");
+  EXPECT_THROW(kubelet->lose_node(node), NotFound);
+}
+
+TEST_F(LocalKubeletTest, PodsMountingOneClaimShareItsDirectory) {
+  auto with_claim = [](json m, const std::string& mount) {
+    m["spec"]["volumes"] = {{{"name", "shared"}, {"persistentVolumeClaim", {{"claimName", "c1"}}}}};
+    m["spec"]["containers"][0]["volumeMounts"] = {{{"name", "shared"}, {"mountPath", mount}}};
+    m["spec"]["containers"][0]["env"] = {{{"name", "DIR"}, {"value", mount}}};
+    return m;
+  };
+  server.create("pods", "default",
+                with_claim(pod_manifest("writer", "echo from-writer > $DIR/note.txt"), "/data"));
+  ASSERT_TRUE(wait_phase("writer", "Succeeded"));
+  server.create("pods", "default",
+                with_claim(pod_manifest("reader", "cat /mnt/x/note.txt"), "/mnt/x"));
+  ASSERT_TRUE(wait_phase("reader", "Succeeded"));
+  EXPECT_NE(log_of("reader").find("from-writer"), std::string::npos);
+  EXPECT_TRUE(fs::exists(root / "pvc" / "default" / "c1" / "note.txt"));
+}
+
+TEST_F(LocalKubeletTest, OnFailureRestartsTheContainerInPlace) {
+  // Fails twice, then succeeds; the count lives in the pod's emptyDir.
+  json m =
+      pod_manifest("flaky",
+                   "n=$(cat /scratch/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /scratch/n; "
+                   "[ $n -ge 3 ]",
+                   "OnFailure");
+  m["spec"]["volumes"] = {{{"name", "scratch"}, {"emptyDir", json::object()}}};
+  m["spec"]["containers"][0]["volumeMounts"] = {{{"name", "scratch"}, {"mountPath", "/scratch"}}};
+  server.create("pods", "default", m);
+  ASSERT_TRUE(wait_phase("flaky", "Succeeded"));
+  const json cs = pod("flaky")->at("status").at("containerStatuses").at(0);
+  EXPECT_EQ(cs["restartCount"], 2);
+  EXPECT_EQ(cs["lastState"]["terminated"]["exitCode"], 1);
+}
+
+TEST_F(LocalKubeletTest, StopKillsEveryProcess) {
+  server.create("pods", "default", pod_manifest("a", kIgnoresTerm));
+  server.create("pods", "default", pod_manifest("b", kLongRunning));
+  ASSERT_TRUE(wait_phase("a", "Running"));
+  ASSERT_TRUE(wait_phase("b", "Running"));
+  ASSERT_TRUE(wait_log("a", "ready"));
+  const pid_t pa = kubelet->pod("default", "a")->pid, pb = kubelet->pod("default", "b")->pid;
+  kubelet->stop();
+  EXPECT_NE(::kill(pa, 0), 0);
+  EXPECT_NE(::kill(pb, 0), 0);
+  EXPECT_FALSE(kubelet->pod("default", "a")->running);
+}
+
+}  // namespace
+}  // namespace longhaul::kubelet
