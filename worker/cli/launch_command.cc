@@ -43,6 +43,9 @@ extern "C" void on_evaluator_signal(int sig) { g_evaluator_signal.store(sig); }
 std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdentity& id,
                                                        const TrainArgs& args,
                                                        trainer::RunOptions& run) {
+  // A marker left by an earlier run that a larger max_steps continues would end an evaluator
+  // early: the chief removes it before training.
+  if (id.rank == 0) dist::clear_training_done(run.logdir);
   if (id.world_size <= 1) return nullptr;
   dist::RendezvousOptions o;
   o.logdir = run.logdir;
@@ -58,7 +61,6 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   if (const char* a = std::getenv("LONGHAUL_ALLREDUCE_ALGORITHM"); a != nullptr && *a) {
     o.algorithm = dist::parse_allreduce_algorithm(a);
   }
-  if (o.rank == 0) dist::clear_training_done(run.logdir);
   auto dp = std::make_unique<dist::DataParallel>(dist::rendezvous(o));
   // The first broadcast waits while the chief restores (a large checkpoint may take minutes).
   const auto first_wait = std::chrono::milliseconds(
