@@ -227,14 +227,15 @@ TEST_F(WorkerCliTest, CorruptLatestCheckpointFallsBackToThePreviousWithAWarning)
 }
 
 TEST_F(WorkerCliTest, SigtermWritesAFinalCheckpointAndResumeIsBitIdentical) {
-  // Uninterrupted: 300 steps, only the final checkpoint.
-  write_text(dir_ / "exact.yaml", small_model_config(300, 0));
+  // Uninterrupted: 3000 steps (about a second: SIGTERM always lands mid-run), only the final
+  // checkpoint.
+  write_text(dir_ / "exact.yaml", small_model_config(3000, 0));
   RunOutput a = run_worker({"train", "--config", "exact.yaml", "--logdir", "a"}, dir_);
   ASSERT_EQ(a.exit_code, 0) << a.err;
-  // Interrupted: SIGTERM once step 100 is printed, then resume to 300.
+  // Interrupted: SIGTERM once step 100 is printed, then resume to 3000.
   {
     WorkerProcess b({"train", "--config", "exact.yaml", "--logdir", "b"}, dir_, dir_);
-    ASSERT_TRUE(b.wait_for_stdout("step    100/300", 60s)) << b.out() << b.err();
+    ASSERT_TRUE(b.wait_for_stdout("step    100/3000", 60s)) << b.out() << b.err();
     b.signal(SIGTERM);
     ASSERT_EQ(b.wait(60s), 143) << b.err();
     EXPECT_TRUE(contains(b.err(), "SIGTERM")) << b.err();
@@ -242,13 +243,13 @@ TEST_F(WorkerCliTest, SigtermWritesAFinalCheckpointAndResumeIsBitIdentical) {
   const auto stopped_at = state_file_latest_step(dir_ / "b");
   ASSERT_TRUE(stopped_at.has_value());
   ASSERT_GE(*stopped_at, 100);
-  ASSERT_LT(*stopped_at, 300) << "the run ended before the signal; nothing was tested";
+  ASSERT_LT(*stopped_at, 3000) << "the run ended before the signal; nothing was tested";
   RunOutput resumed = run_worker({"train", "--config", "exact.yaml", "--logdir", "b"}, dir_);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(start_step(resumed.out), *stopped_at);
 
-  SafetensorsReader ra(dir_ / "a" / "model.ckpt-300.safetensors");
-  SafetensorsReader rb(dir_ / "b" / "model.ckpt-300.safetensors");
+  SafetensorsReader ra(dir_ / "a" / "model.ckpt-3000.safetensors");
+  SafetensorsReader rb(dir_ / "b" / "model.ckpt-3000.safetensors");
   ASSERT_EQ(ra.tensor_names(), rb.tensor_names());
   for (const auto& name : ra.tensor_names()) {
     auto da = ra.data(name), db = rb.data(name);
