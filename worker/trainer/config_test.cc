@@ -1,6 +1,7 @@
 // Config loading: defaults, every kind of invalid input named with key and file, --set.
 #include "longhaul/trainer/config.h"
 
+#include <cstdlib>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -41,6 +42,15 @@ TEST_F(ConfigTest, EmptyPathGivesTheEmbeddedDefault) {
   EXPECT_EQ(c.model.preset, "tiny");
   EXPECT_TRUE(c.data.train.empty());
   EXPECT_GT(c.training.max_steps, 0);
+}
+
+TEST_F(ConfigTest, ExampleTinyConfigDocumentsExactlyTheDefaults) {
+  const char* source = std::getenv("LONGHAUL_SOURCE_DIR");
+  if (source == nullptr) source = LONGHAUL_TEST_SOURCE_DIR;
+  WorkerConfig example = load_config(fs::path(source) / "examples" / "worker-tiny.yaml");
+  example.source.clear();
+  EXPECT_EQ(to_yaml(example), to_yaml(load_config("")));
+  EXPECT_NO_THROW(load_config(fs::path(source) / "examples" / "worker-small.yaml"));
 }
 
 TEST_F(ConfigTest, ReadsEverySection) {
