@@ -10,6 +10,21 @@ namespace longhaul::controller {
 
 namespace res = kube::resources;
 
+namespace {
+
+// A job update that changed only its status (this operator's own write, which already acted
+// on everything it decided) needs no reconcile; spec, metadata or deletion changes do.
+bool status_only_change(const json& old_job, const json& new_job) {
+  const json& a = old_job.at("metadata");
+  const json& b = new_job.at("metadata");
+  for (const char* key : {"generation", "deletionTimestamp", "labels", "annotations", "uid"}) {
+    if (a.value(key, json()) != b.value(key, json())) return false;
+  }
+  return old_job.value("spec", json()) == new_job.value("spec", json());
+}
+
+}  // namespace
+
 // Pods, Services and claims from the informer caches; the job from the API.
 class Controller::CacheView : public ClusterView {
  public:
@@ -73,7 +88,9 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
     };
     auto jobs = make(res::kTrainingJobs, "");
     jobs->add_handlers({[this](const json& o) { enqueue(kube::object_key(o)); },
-                        [this](const json&, const json& o) { enqueue(kube::object_key(o)); },
+                        [this](const json& old_job, const json& o) {
+                          if (!status_only_change(old_job, o)) enqueue(kube::object_key(o));
+                        },
                         [this](const json& o) { enqueue(kube::object_key(o)); }});
     job_informers_.push_back(std::move(jobs));
     auto pods = make(res::kPods, owned_selector);
@@ -143,14 +160,8 @@ bool Controller::wait_for_sync(std::chrono::milliseconds timeout) const {
 
 void Controller::start_workers() {
   if (workers_running_.exchange(true)) return;
-  // A fresh queue: a previous stop_workers() shut the old one down. Every known job is queued,
-  // since events seen while not leading were not acted on.
-  kube::WorkQueueOptions q;
-  q.base_delay = options_.retry_base_delay;
-  q.max_delay = options_.retry_max_delay;
-  q.on_depth = options_.on_queue_depth;
-  q.on_latency = options_.on_queue_latency;
-  if (queue_->shutting_down()) queue_ = std::make_unique<kube::WorkQueue>(q);
+  // Every known job is queued: events seen while not leading were queued but may predate the
+  // previous leader's last writes.
   for (auto& inf : job_informers_) {
     for (const std::string& key : inf->store().keys()) queue_->add(key);
   }
@@ -162,7 +173,8 @@ void Controller::start_workers() {
 
 void Controller::stop_workers() {
   if (!workers_running_.exchange(false)) return;
-  queue_->shutdown();
+  // Workers notice within one get_for() timeout and finish the reconcile they are in. The queue
+  // stays: informer handlers keep adding to it while this replica does not lead.
   for (std::thread& t : workers_) t.join();
   workers_.clear();
   LH_LOG(INFO) << "controller workers stopped";
@@ -170,6 +182,7 @@ void Controller::stop_workers() {
 
 void Controller::stop() {
   stop_workers();
+  queue_->shutdown();
   {
     std::lock_guard lock(resync_mu_);
     started_ = false;
@@ -195,7 +208,9 @@ void Controller::resync_loop() {
 
 void Controller::worker_loop() {
   kube::WorkQueue& queue = *queue_;
-  while (auto key = queue.get()) {
+  while (workers_running_) {
+    const auto key = queue.get_for(std::chrono::milliseconds(200));
+    if (!key) continue;
     const auto start = std::chrono::steady_clock::now();
     const auto slash = key->find('/');
     const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);

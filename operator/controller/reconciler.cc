@@ -447,6 +447,7 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         p.finish(api::phase::kFailed, api::reason::kDeadlineExceeded,
                  "the job was active longer than activeDeadlineSeconds=" +
                      std::to_string(*policy.active_deadline_seconds));
+        finished_path();
       } else {
         p.requeue_in(until(p.now, deadline));
       }
@@ -507,11 +508,7 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
       }
       const ObservedPod& op = it->second;
       p.check_stuck(op, policy);
-      if (op.attempt < rec.restart_attempt) {
-        p.delete_pod(op, api::reason::kDeletedPod,
-                     "replaced by restart attempt " + std::to_string(rec.restart_attempt));
-        continue;
-      }
+      if (op.attempt < rec.restart_attempt) continue;  // an old incarnation: step 11 deletes it
       if (op.attempt > rec.restart_attempt) rec = api::PodRecord{op.attempt, false, 0};
       rec.created = true;
       const int32_t restarts = container_restarts(op.object);
@@ -670,7 +667,16 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         st.phase = std::string(api::phase::kPending);
       }
 
-      // Step 11: plan pod creations, after the restart backoff.
+      // Step 11: delete old incarnations (including those the decision above just replaced),
+      // then plan pod creations, after the restart backoff.
+      for (const Desired& d : desired) {
+        auto it = owned.find(d.pod);
+        if (it != owned.end() && it->second.attempt < st.pods[d.pod].restart_attempt) {
+          p.delete_pod(
+              it->second, api::reason::kDeletedPod,
+              "replaced by restart attempt " + std::to_string(st.pods[d.pod].restart_attempt));
+        }
+      }
       const auto not_before = api::parse_time_or_null(st.next_restart_time);
       for (const Desired& d : desired) {
         const api::PodRecord& rec = st.pods[d.pod];
@@ -695,9 +701,6 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
                                  std::to_string(rec.restart_attempt) + ")"});
       }
     }
-  }
-  if (!p.actions.empty() && api::is_finished(st) == false && st.phase.empty()) {
-    st.phase = std::string(api::phase::kPending);
   }
 
   // Replica counts of the current incarnation (frozen once finished), and the printer columns.
@@ -739,7 +742,11 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     p.job = client_.update_status(res::kTrainingJobs, ns, updated);
   }
   report_phase(st.phase);
-  for (const auto& e : p.events) events_->record(p.job, e.type, e.reason, e.message);
+  for (const auto& e : p.events) {
+    LH_LOG(INFO) << e.message << kv("job", p.key) << kv("reason", e.reason)
+                 << kv("phase", st.phase);
+    events_->record(p.job, e.type, e.reason, e.message);
+  }
 
   // Step 13: act on the children the committed status asks for.
   for (const Action& a : p.actions) {

@@ -451,6 +451,25 @@ TEST_F(ReconcilerTest, RestartedOperatorRecoversFromTheClusterWithoutDuplicates)
   EXPECT_EQ(client.writes_of("create", "pods"), 6);
 }
 
+// Regression: the controller skips reconciles for its own status writes, so the pass that
+// decides a restart or a deadline must also act on the pods.
+TEST_F(ReconcilerTest, OnePassDecidesAndActs) {
+  json spec = default_spec();
+  spec["runPolicy"]["activeDeadlineSeconds"] = 60;
+  create_job(spec);
+  start_running();
+  preempt("j-worker-0");
+  reconcile();
+  for (const std::string& n : pod_names()) EXPECT_NE(attempt(n), "0") << n;
+  settle();
+  run_all();
+  settle();
+  now += std::chrono::seconds(61);
+  reconcile();
+  EXPECT_EQ(status().phase, "Failed");
+  EXPECT_TRUE(pod_names().empty());
+}
+
 TEST_F(ReconcilerTest, CreatingAnExistingPodIsTreatedAsExisting) {
   create_job(default_spec());
   reconcile();

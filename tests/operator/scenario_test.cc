@@ -193,7 +193,11 @@ TEST_F(Scenario, GroupRestartRecreatesEveryReplica) {
   std::map<std::string, std::string> before;
   for (const json& p : job_pods(server, "j")) before[p["metadata"]["name"]] = p["metadata"]["uid"];
   fail_pod(server, "j-worker-2", 255);
-  ASSERT_TRUE(wait([&] { return running("j", 4, 1); }));
+  ASSERT_TRUE(wait([&] { return running("j", 4, 1); })) << [&] {
+    std::string out;
+    for (const json& p : job_pods(server, "j")) out += p["metadata"].dump() + "\n";
+    return out + status().phase;
+  }();
   for (const json& p : job_pods(server, "j")) {
     EXPECT_NE(before.at(p["metadata"]["name"]), p["metadata"]["uid"]) << p["metadata"]["name"];
     std::map<std::string, std::string> env;
