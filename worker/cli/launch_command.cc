@@ -61,7 +61,9 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   if (const char* a = std::getenv("LONGHAUL_ALLREDUCE_ALGORITHM"); a != nullptr && *a) {
     o.algorithm = dist::parse_allreduce_algorithm(a);
   }
-  auto dp = std::make_unique<dist::DataParallel>(dist::rendezvous(o));
+  auto dp = std::make_unique<dist::DataParallel>(
+      dist::rendezvous(o), nullptr,
+      std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_secs * 1000)));
   // The first broadcast waits while the chief restores (a large checkpoint may take minutes).
   const auto first_wait = std::chrono::milliseconds(
       static_cast<int64_t>((o.max_wait_secs + o.collective_timeout_secs) * 1000));

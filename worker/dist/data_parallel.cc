@@ -8,6 +8,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/dist/nccl.h"
 
 namespace longhaul::dist {
 namespace {
@@ -66,8 +67,9 @@ void broadcast_string(Communicator& comm, std::string& text, std::chrono::millis
 }  // namespace
 
 DataParallel::DataParallel(std::unique_ptr<Communicator> comm,
-                           std::unique_ptr<DeviceAllreduce> device)
-    : comm_(std::move(comm)), device_(std::move(device)) {
+                           std::unique_ptr<DeviceAllreduce> device,
+                           std::chrono::milliseconds device_timeout)
+    : comm_(std::move(comm)), device_(std::move(device)), device_timeout_(device_timeout) {
   if (!comm_) throw InvalidArgument("DataParallel needs a communicator");
 }
 
@@ -125,7 +127,10 @@ void DataParallel::average_gradients(model::LanguageModel& model) {
     comm_->allreduce_sum(grads);
     const float scale = 1.0f / static_cast<float>(world_size());
     for (float& g : grads) g *= scale;
-  } else if (device_) {
+  } else if (device_ || nccl_available()) {
+    // A CUDA model: NCCL, created at the first step on the training thread (whose current
+    // device is the model's), bootstrapped over this group's communicator.
+    if (!device_) device_ = make_nccl_allreduce(*comm_, -1, device_timeout_);
     device_->allreduce_mean(grads.data(), grads.size());
     // ncclAvg: already the mean.
   } else {

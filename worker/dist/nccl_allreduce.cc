@@ -33,6 +33,7 @@ class NcclAllreduce : public DeviceAllreduce {
     std::memset(&id, 0, sizeof id);
     if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     comm.broadcast(std::as_writable_bytes(std::span<char>(id.internal, sizeof id.internal)), 0);
+    if (device_ < 0) LH_DIST_CUDA(cudaGetDevice(&device_));
     LH_DIST_CUDA(cudaSetDevice(device_));
     LH_DIST_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

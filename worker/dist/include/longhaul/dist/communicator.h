@@ -78,9 +78,9 @@ struct RendezvousOptions {
 
 // Forms the group (see the top of this file). world_size 1 returns a communicator whose
 // collectives are no-ops. For world_size > 1 it sets SIGPIPE to SIG_IGN process-wide, so that
-// writing to a dead peer is an error (Aborted) rather than a kill. Throws DeadlineExceeded (peers never came), Cancelled, Aborted (the
-// mesh could not be connected: a peer died during rendezvous), InvalidArgument (bad bind
-// address), PermissionDenied (the logdir is not writable).
+// writing to a dead peer is an error (Aborted) rather than a kill. Throws DeadlineExceeded (peers
+// never came), Cancelled, Aborted (the mesh could not be connected: a peer died during rendezvous),
+// InvalidArgument (bad bind address), PermissionDenied (the logdir is not writable).
 std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& options);
 
 // The folder of one attempt: <logdir>/.rendezvous/<attempt>.

@@ -18,9 +18,9 @@
 // FailedPrecondition naming the first differing tensor (a config mismatch between replicas).
 //
 // average_gradients: all-reduce (sum) of the model's flat gradient buffer, then a scale by
-// 1/world_size. CPU models use the communicator (Gloo); a CUDA model uses NCCL when the build
-// has it (nccl.h), otherwise it is refused with FailedPrecondition. The all-reduce runs after
-// the backward pass, in one call over the whole buffer: LanguageModel has no per-layer
+// 1/world_size. CPU models use the communicator (Gloo); a CUDA model uses NCCL (ncclAvg) when
+// the build has it (nccl.h), otherwise it is refused with FailedPrecondition. The all-reduce runs
+// after the backward pass, in one call over the whole buffer: LanguageModel has no per-layer
 // completion hook, so it does not overlap with the backward pass.
 //
 // any_stop: an all-reduce (max) of one flag per step, so a stop requested on any rank (SIGTERM
@@ -51,9 +51,11 @@ class DeviceAllreduce {
 
 class DataParallel {
  public:
-  // `device` may be null (CPU models only).
+  // `device` may be null: a CUDA model then gets an NCCL all-reduce at its first step when the
+  // build has NCCL (device_timeout bounds each NCCL collective), else FailedPrecondition.
   explicit DataParallel(std::unique_ptr<Communicator> comm,
-                        std::unique_ptr<DeviceAllreduce> device = nullptr);
+                        std::unique_ptr<DeviceAllreduce> device = nullptr,
+                        std::chrono::milliseconds device_timeout = std::chrono::seconds(300));
   ~DataParallel();
 
   int rank() const { return comm_->rank(); }
@@ -74,6 +76,7 @@ class DataParallel {
  private:
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<DeviceAllreduce> device_;
+  std::chrono::milliseconds device_timeout_;
   bool stop_by_peer_ = false;
   double allreduce_seconds_ = 0;
 };

@@ -23,7 +23,8 @@ namespace longhaul::dist {
 // True when this build has NCCL.
 bool nccl_available();
 
-// Creates the NCCL communicator for `comm`'s group on CUDA device `device`. Throws
+// Creates the NCCL communicator for `comm`'s group on CUDA device `device` (-1: the calling
+// thread's current device). Throws
 // FailedPrecondition when the build has no NCCL, Aborted when NCCL cannot form the group.
 std::unique_ptr<DeviceAllreduce> make_nccl_allreduce(Communicator& comm, int device,
                                                      std::chrono::milliseconds timeout);
