@@ -189,6 +189,34 @@ TEST(Matmul, BackwardMatchesFiniteDifferencesAndAccumulates) {
   for (size_t i = 0; i < dbias.size(); ++i) EXPECT_FLOAT_EQ(dbias2[i], 2 * dbias[i]);
 }
 
+TEST(Matmul, LargeBackwardMatchesNaiveReferenceWhicheverSideIsSplit) {
+  // Big enough to run multi-threaded; once with C > OC (dW split by rows), once with C < OC.
+  for (auto [C, OC] : {std::pair{96, 40}, std::pair{40, 96}}) {
+    const int N = 300;
+    auto inp = randn(N * C, 30), weight = randn(C * OC, 31), dout = randn(N * OC, 32);
+    std::vector<float> dinp(N * C, 0.0f), dweight(C * OC, 0.0f), dbias(OC, 0.0f);
+    matmul_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                    weight.data(), N, C, OC);
+    for (int c = 0; c < C; c += 7) {
+      for (int o = 0; o < OC; o += 5) {
+        double ref = 0;
+        for (int i = 0; i < N; ++i) ref += static_cast<double>(inp[i * C + c]) * dout[i * OC + o];
+        ASSERT_NEAR(dweight[c * OC + o], ref, 1e-3)
+            << C << "x" << OC << " dW[" << c << "," << o << "]";
+      }
+    }
+    for (int i = 0; i < N; i += 37) {
+      for (int c = 0; c < C; c += 11) {
+        double ref = 0;
+        for (int o = 0; o < OC; ++o)
+          ref += static_cast<double>(dout[i * OC + o]) * weight[c * OC + o];
+        ASSERT_NEAR(dinp[i * C + c], ref, 1e-3)
+            << C << "x" << OC << " dinp[" << i << "," << c << "]";
+      }
+    }
+  }
+}
+
 TEST(MatmulNT, BackwardMatchesFiniteDifferences) {
   const int N = 4, C = 6, OC = 9;
   auto inp = randn(N * C, 20), weight = randn(OC * C, 21), w = randn(N * OC, 22);

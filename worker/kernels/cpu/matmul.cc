@@ -70,11 +70,21 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                   dinp + static_cast<size_t>(r0) * C, C);
     });
   }
-  // dW columns [o0, o1) += inp^T @ dout columns
-  parallel_blocks(OC, 16, flops, [&](int o0, int o1) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, o1 - o0, N, 1.0f, inp, C, dout + o0, OC,
-                1.0f, dweight + o0, OC);
-  });
+  // dW = inp^T @ dout, split along its larger side so each thread packs the smaller operand
+  // whole and only its share of the larger one.
+  if (C > OC) {
+    // dW rows [c0, c1) += inp columns^T @ dout
+    parallel_blocks(C, 16, flops, [&](int c0, int c1) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, OC, N, 1.0f, inp + c0, C, dout,
+                  OC, 1.0f, dweight + static_cast<size_t>(c0) * OC, OC);
+    });
+  } else {
+    // dW columns [o0, o1) += inp^T @ dout columns
+    parallel_blocks(OC, 16, flops, [&](int o0, int o1) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, o1 - o0, N, 1.0f, inp, C, dout + o0,
+                  OC, 1.0f, dweight + o0, OC);
+    });
+  }
   if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
 }
 
