@@ -194,6 +194,25 @@ TEST_F(CommunicatorTest, ChiefRemovesStaleAttemptFolders) {
   EXPECT_TRUE(fs::exists(rendezvous_dir(logdir_, "new")));
 }
 
+TEST_F(CommunicatorTest, UnresolvableOwnAddressNamesTheHostOverride) {
+  auto o = options(1, 2);
+  o.bind_host = "no-such-pod.no-such-service.invalid";
+  o.max_wait_secs = 0.2;
+  try {
+    rendezvous(o);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot resolve its address 'no-such-pod"));
+    EXPECT_THAT(e.what(), HasSubstr("LONGHAUL_HOST_OVERRIDE=127.0.0.1"));
+  }
+}
+
+TEST_F(CommunicatorTest, AddressOfAnotherMachineIsRefused) {
+  auto o = options(1, 2);
+  o.bind_host = "192.0.2.1";  // TEST-NET-1: never a local address
+  EXPECT_THROW(rendezvous(o), InvalidArgument);
+}
+
 TEST_F(CommunicatorTest, CancelledWhileWaiting) {
   auto o = options(1, 2);
   o.cancelled = [] { return true; };

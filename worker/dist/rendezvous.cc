@@ -1,6 +1,8 @@
 // Rendezvous through the shared logdir and the Gloo communicator. See communicator.h.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <random>
@@ -8,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include <arpa/inet.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/barrier.h>
@@ -17,7 +20,10 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
@@ -67,6 +73,50 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 std::chrono::milliseconds to_ms(double secs) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::max(secs, 0.001) * 1000.0));
+}
+
+// The numeric address of `host` that this machine can bind, so that Gloo (which crashes on a
+// name it cannot resolve) only ever sees a usable address. Throws Unavailable when the name
+// does not resolve (yet), InvalidArgument when it is not an address of this machine; both name
+// the host and the overrides.
+std::string bindable_address(const std::string& host, int rank) {
+  const std::string hint =
+      ". When the TF_CONFIG host names do not resolve to this machine (e.g. pods run as local "
+      "processes), set LONGHAUL_HOST_OVERRIDE=127.0.0.1, LONGHAUL_TASK_ADDRESSES or "
+      "LONGHAUL_GLOO_IFACE";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw Unavailable("rank " + std::to_string(rank) + " cannot resolve its address '" + host +
+                      "': " + ::gai_strerror(rc) + hint);
+  }
+  std::string error;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage addr{};
+    std::memcpy(&addr, a->ai_addr, a->ai_addrlen);
+    if (a->ai_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
+    if (a->ai_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), a->ai_addrlen) == 0;
+    if (!ok) error = std::strerror(errno);
+    ::close(fd);
+    if (!ok) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        a->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr);
+    ::inet_ntop(a->ai_family, raw, text, sizeof text);
+    ::freeaddrinfo(found);
+    return text;
+  }
+  ::freeaddrinfo(found);
+  throw InvalidArgument("rank " + std::to_string(rank) + " cannot bind to its address '" + host +
+                        "' (" + error + "): it is not an address of this machine" + hint);
 }
 
 // A communicator of one: every collective is the identity.
@@ -373,9 +423,30 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
     if (!o.bind_iface.empty()) {
       attr.iface = o.bind_iface;
     } else {
-      attr.hostname = o.bind_host;
+      // A pod's own DNS name may appear a little after the pod starts: resolution is retried
+      // every recovery_wait_secs until max_wait_secs.
+      const auto give_up = start + to_ms(o.max_wait_secs);
+      while (true) {
+        try {
+          attr.hostname = bindable_address(o.bind_host, o.rank);
+          break;
+        } catch (const Unavailable& e) {
+          if (Clock::now() >= give_up) throw InvalidArgument(e.what());
+          LH_LOG(WARNING) << "cannot resolve this replica's address yet; retrying"
+                          << kv("host", o.bind_host);
+          const auto until = std::min(give_up, Clock::now() + to_ms(o.recovery_wait_secs));
+          while (Clock::now() < until) {
+            if (o.cancelled && o.cancelled()) {
+              throw Cancelled("rendezvous abandoned while resolving " + o.bind_host);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        }
+      }
     }
     device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const InvalidArgument&) {
+    throw;
   } catch (const std::exception& e) {
     throw InvalidArgument(
         "cannot bind the Gloo TCP transport of rank " + std::to_string(o.rank) + " to " +
