@@ -213,6 +213,12 @@ TEST_F(CommunicatorTest, AddressOfAnotherMachineIsRefused) {
   EXPECT_THROW(rendezvous(o), InvalidArgument);
 }
 
+TEST_F(CommunicatorTest, UnknownInterfaceIsRefused) {
+  auto o = options(1, 2);
+  o.bind_iface = "nosuchif0";
+  EXPECT_THROW(rendezvous(o), InvalidArgument);
+}
+
 TEST_F(CommunicatorTest, CancelledWhileWaiting) {
   auto o = options(1, 2);
   o.cancelled = [] { return true; };

@@ -20,6 +20,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -421,6 +422,11 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
   try {
     gloo::transport::tcp::attr attr;
     if (!o.bind_iface.empty()) {
+      if (::if_nametoindex(o.bind_iface.c_str()) == 0) {
+        throw InvalidArgument("LONGHAUL_GLOO_IFACE '" + o.bind_iface +
+                              "' is not a network interface of this machine (rank " +
+                              std::to_string(o.rank) + ")");
+      }
       attr.iface = o.bind_iface;
     } else {
       // A pod's own DNS name may appear a little after the pod starts: resolution is retried
