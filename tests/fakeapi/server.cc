@@ -928,9 +928,20 @@ std::vector<RequestRecord> FakeApiServer::requests() const {
 }
 
 size_t FakeApiServer::count_requests(const RequestMatch& match) const {
+  std::optional<std::regex> path;
+  if (!match.path_regex.empty()) {
+    try {
+      path.emplace(match.path_regex);
+    } catch (const std::regex_error& e) {
+      throw InvalidArgument("fake API server: RequestMatch path_regex '" + match.path_regex +
+                            "' is not a valid ECMAScript regex: " + e.what());
+    }
+  }
   std::lock_guard<std::mutex> lock(impl_->log_mu);
   size_t n = 0;
   for (const RequestRecord& r : impl_->log) {
+    if (!match.method.empty() && r.method != match.method) continue;
+    if (path && !std::regex_search(r.path, *path)) continue;
     if (!match.verb.empty() && r.verb != match.verb) continue;
     if (!match.resource.empty() && r.resource != match.resource &&
         r.resource.substr(0, r.resource.find('.')) != match.resource) {

@@ -641,6 +641,7 @@ TEST_F(FakeApiTest, RequestLogCountsVerbsAndWrites) {
   EXPECT_EQ(server_->count_requests({.write = true}), 3u);
   EXPECT_EQ(server_->count_requests({.subresource = "status"}), 1u);
   EXPECT_EQ(server_->count_requests({.status = 404}), 1u);
+  EXPECT_EQ(server_->count_requests({.method = "GET", .path_regex = "/pods/a$"}), 1u);
   std::vector<RequestRecord> log = server_->requests();
   ASSERT_EQ(log.size(), 6u);
   EXPECT_EQ(log[0].method, "POST");

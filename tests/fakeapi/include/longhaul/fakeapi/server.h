@@ -179,6 +179,8 @@ struct RequestMatch {
   std::optional<int> status;
   std::optional<bool> write;
   std::optional<bool> injected;
+  std::string method;      // "GET", "POST", ...
+  std::string path_regex;  // ECMAScript, searched in the URL path
 };
 
 struct DeleteOptions {
