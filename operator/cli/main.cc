@@ -14,12 +14,12 @@
 #include <unistd.h>
 
 #include "health_server.h"
-#include "lease_elector.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
 #include "longhaul/controller/controller.h"
 #include "longhaul/kube/config.h"
 #include "longhaul/kube/http_client.h"
+#include "longhaul/kube/leader_election.h"
 #include "metrics.h"
 
 #ifndef LONGHAUL_VERSION
@@ -29,12 +29,6 @@
 namespace {
 
 using namespace longhaul;
-
-std::string default_identity() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  return std::string(host) + "_" + std::to_string(::getpid());
-}
 
 std::chrono::milliseconds seconds_to_ms(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
@@ -60,7 +54,7 @@ int run(int argc, char** argv) {
   app.add_option("--lease-duration", lease_duration, "seconds a Lease is valid without renewal");
   app.add_option("--renew-deadline", renew_deadline, "seconds the leader retries renewing");
   app.add_option("--retry-period", retry_period, "seconds between Lease attempts");
-  app.add_option("--identity", identity, "leader-election identity (default: <hostname>_<pid>)");
+  app.add_option("--identity", identity, "leader-election identity (default: <hostname>_<random>)");
   app.add_option("--bind-address", bind_address, "address of the metrics and health servers");
   app.add_option("--metrics-port", metrics_port, "port of /metrics (0: any free port)");
   app.add_option("--health-port", health_port, "port of /healthz and /readyz (0: any free port)");
@@ -74,7 +68,7 @@ int run(int argc, char** argv) {
   if (log_level == "debug") log::set_level(log::Level::kDebug);
   if (log_level == "warning") log::set_level(log::Level::kWarning);
   if (log_level == "error") log::set_level(log::Level::kError);
-  if (identity.empty()) identity = default_identity();
+  if (identity.empty()) identity = kube::default_identity();
 
   // Signals are taken synchronously by the main thread; every thread started below inherits
   // the blocked mask.
@@ -82,6 +76,7 @@ int run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);  // the leader elector's "leadership changed"
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const kube::ClusterConfig config = kube::load_default_config(kubeconfig, context);
@@ -119,37 +114,52 @@ int run(int argc, char** argv) {
   ctl.start();
 
   auto start_reconciling = [&] {
-    // Reconcile only from a synced cache; wait here (on the elector thread) if needed.
+    // Reconcile only from a synced cache.
     while (!ctl.wait_for_sync(std::chrono::seconds(5))) {
       LH_LOG(WARNING) << "informers not synced yet; waiting before reconciling";
     }
     ctl.start_workers();
     metrics.set_leader(true);
   };
-  std::unique_ptr<operator_cli::LeaseElector> elector;
+  std::unique_ptr<kube::LeaderElector> elector;
   if (leader_elect) {
-    operator_cli::LeaseElectorOptions lo;
-    lo.lease_namespace = lease_namespace;
-    lo.lease_name = lease_name;
-    lo.identity = identity;
-    lo.lease_duration = seconds_to_ms(lease_duration);
-    lo.renew_deadline = seconds_to_ms(renew_deadline);
-    lo.retry_period = seconds_to_ms(retry_period);
-    lo.on_started_leading = start_reconciling;
-    lo.on_stopped_leading = [&] {
-      metrics.set_leader(false);
-      ctl.stop_workers();
-    };
-    elector = std::make_unique<operator_cli::LeaseElector>(client, lo);
+    kube::LeaderElectionConfig lc;
+    lc.lease_namespace = lease_namespace;
+    lc.lease_name = lease_name;
+    lc.identity = identity;
+    lc.lease_duration = seconds_to_ms(lease_duration);
+    lc.renew_deadline = seconds_to_ms(renew_deadline);
+    lc.retry_period = seconds_to_ms(retry_period);
+    // The elector's callbacks must return at once: they wake the main thread, which starts or
+    // drains the workers.
+    lc.on_started_leading = [] { ::kill(::getpid(), SIGUSR1); };
+    lc.on_stopped_leading = [] { ::kill(::getpid(), SIGUSR1); };
+    elector = std::make_unique<kube::LeaderElector>(client, lc);
     elector->start();
   } else {
     start_reconciling();
   }
 
-  int sig = 0;
-  sigwait(&signals, &sig);
-  LH_LOG(INFO) << "shutting down" << kv("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  if (elector) elector->stop(/*release=*/true);  // drains the workers, then gives the Lease up
+  for (;;) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig == SIGUSR1) {
+      if (elector && elector->is_leader() && !ctl.workers_running()) {
+        start_reconciling();
+      } else if (elector && !elector->is_leader() && ctl.workers_running()) {
+        metrics.set_leader(false);
+        ctl.stop_workers();
+      }
+      continue;
+    }
+    LH_LOG(INFO) << "shutting down" << kv("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    break;
+  }
+  // Drain the workers first (no reconcile may run once the Lease is given up), then release the
+  // Lease, then stop the informers.
+  metrics.set_leader(false);
+  ctl.stop_workers();
+  if (elector) elector->stop();
   ctl.stop();
   health.stop();
   client->close();

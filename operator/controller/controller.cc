@@ -66,6 +66,11 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
                        ControllerOptions options)
     : client_(std::move(client)), options_(std::move(options)) {
   view_ = std::make_unique<CacheView>(*this);
+  if (events == nullptr) {
+    own_events_ =
+        std::make_unique<RecorderEventSink>(std::make_shared<kube::EventRecorder>(client_));
+    events = own_events_.get();
+  }
   reconciler_ = std::make_unique<Reconciler>(*client_, view_.get(), events, options_.reconciler);
   kube::WorkQueueOptions q;
   q.base_delay = options_.retry_base_delay;

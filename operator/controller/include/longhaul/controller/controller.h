@@ -50,7 +50,7 @@ struct ControllerOptions {
 
 class Controller {
  public:
-  // `events` may be null (Events are created through `client`).
+  // `events` may be null: Events go through a kube::EventRecorder over `client`.
   Controller(std::shared_ptr<kube::Client> client, EventSink* events, ControllerOptions options);
   ~Controller();  // stop()
   Controller(const Controller&) = delete;
@@ -79,6 +79,7 @@ class Controller {
   std::vector<std::unique_ptr<kube::Informer>> pod_informers_;
   std::vector<std::unique_ptr<kube::Informer>> child_informers_;  // services, claims
   std::unique_ptr<CacheView> view_;
+  std::unique_ptr<EventSink> own_events_;
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<kube::WorkQueue> queue_;
   std::vector<std::thread> workers_;

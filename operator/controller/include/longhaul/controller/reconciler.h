@@ -35,6 +35,7 @@
 
 #include "longhaul/api/trainingjob.h"
 #include "longhaul/kube/client.h"
+#include "longhaul/kube/events.h"
 
 namespace longhaul::controller {
 
@@ -87,6 +88,20 @@ class ApiEventSink : public EventSink {
  private:
   kube::Client& client_;
   std::string component_;
+};
+
+// Records through operator/kube's EventRecorder (aggregates repeats into one Event with a count).
+class RecorderEventSink : public EventSink {
+ public:
+  explicit RecorderEventSink(std::shared_ptr<kube::EventRecorder> recorder)
+      : recorder_(std::move(recorder)) {}
+  void record(const json& involved_object, std::string_view type, std::string_view reason,
+              std::string_view message) override {
+    recorder_->record(involved_object, type, reason, message);
+  }
+
+ private:
+  std::shared_ptr<kube::EventRecorder> recorder_;
 };
 
 // Pod writes issued but not yet seen by the ClusterView. Thread-safe.
