@@ -1,0 +1,188 @@
+// Helpers of the end-to-end scenarios (see scenario_util.h).
+#include "scenario_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <longhaul/base/error.h>
+#include <longhaul/e2e/local_cluster.h>
+#include <longhaul/supervisor/checkpoint_state.h>
+#include <longhaul/supervisor/event.pb.h>
+#include <longhaul/supervisor/events.h>
+#include <longhaul/supervisor/safetensors.h>
+
+namespace longhaul::e2e::testing {
+
+fs::path binary_dir() {
+  const char* env = std::getenv("LONGHAUL_BINARY_DIR");
+  return env ? fs::path(env) : fs::current_path();
+}
+
+fs::path source_dir() {
+  const char* env = std::getenv("LONGHAUL_SOURCE_DIR");
+  return env ? fs::path(env) : fs::path(LONGHAUL_TEST_SOURCE_DIR);
+}
+
+fs::path fresh_root(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("lh-e2e-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string tail(const fs::path& path, size_t bytes) {
+  const std::string text = read_text(path);
+  return text.size() <= bytes ? text : text.substr(text.size() - bytes);
+}
+
+json tiny_job(bool with_worker) {
+  for (const json& doc : load_manifests(source_dir() / "examples/trainingjob-tiny.yaml")) {
+    if (doc.value("kind", "") != "TrainingJob") continue;
+    json job = doc;
+    if (!with_worker) job["spec"]["replicaSpecs"].erase("Worker");
+    job["spec"]["runPolicy"]["nodeLostTimeoutSeconds"] = 1;
+    return job;
+  }
+  ADD_FAILURE() << "examples/trainingjob-tiny.yaml holds no TrainingJob";
+  return json::object();
+}
+
+std::vector<std::string> container_args(const json& job) {
+  std::vector<std::string> args;
+  for (const json& a :
+       job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["args"]) {
+    args.push_back(a.get<std::string>());
+  }
+  return args;
+}
+
+int64_t job_max_steps(const json& job) {
+  int64_t steps = -1;
+  const std::string key = "--set=training.max_steps=";
+  for (const std::string& a : container_args(job)) {
+    if (a.rfind(key, 0) == 0) steps = std::stoll(a.substr(key.size()));
+  }
+  return steps;
+}
+
+int64_t step_of(const std::string& checkpoint_path) {
+  static const std::regex re(R"(-(\d+)(\.safetensors)?$)");
+  std::smatch m;
+  if (!std::regex_search(checkpoint_path, m, re)) return -1;
+  return std::stoll(m[1].str());
+}
+
+fs::path checkpoint_file(const fs::path& logdir, const std::string& checkpoint_path) {
+  fs::path p = fs::path(checkpoint_path).is_absolute() ? fs::path(checkpoint_path)
+                                                       : logdir / checkpoint_path;
+  if (p.extension() != ".safetensors") p += ".safetensors";
+  return p;
+}
+
+std::optional<int64_t> latest_checkpoint_step(const fs::path& logdir) {
+  try {
+    auto state = supervisor::read_checkpoint_state(logdir);
+    if (!state || state->model_checkpoint_path.empty()) return std::nullopt;
+    return step_of(state->model_checkpoint_path);
+  } catch (const std::exception&) {
+    return std::nullopt;  // being rewritten: the next look sees it whole
+  }
+}
+
+std::vector<int64_t> start_steps(const std::string& text) {
+  static const std::regex re(R"((starting|resuming) at step (\d+)/)");
+  std::vector<int64_t> out;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+       ++it) {
+    out.push_back(std::stoll((*it)[2].str()));
+  }
+  return out;
+}
+
+std::vector<int64_t> session_start_steps(const fs::path& logdir) {
+  std::vector<std::pair<double, int64_t>> files;
+  for (const fs::path& f : supervisor::list_events_files(logdir)) {
+    // A process killed by SIGKILL may leave a torn last record: read up to it.
+    supervisor::EventsReader reader(f);
+    double first = -1;
+    int64_t start = -1;
+    try {
+      while (auto e = reader.next_event()) {
+        if (first < 0) first = e->wall_time();
+        if (e->has_session_log() && e->session_log().status() == tensorboard::SessionLog::START) {
+          start = e->step();
+          break;
+        }
+      }
+    } catch (const DataLoss& e) {
+      ADD_FAILURE() << f << ": " << e.what() << " before its SessionLog START";
+    }
+    files.emplace_back(first, start);
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<int64_t> out;
+  for (const auto& [t, s] : files) out.push_back(s);
+  return out;
+}
+
+int run_worker(const fs::path& worker, const std::vector<std::string>& args, const fs::path& logdir,
+               const fs::path& log, std::chrono::milliseconds timeout) {
+  std::vector<std::string> argv = {worker.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--logdir");
+  argv.push_back(logdir.string());
+  ChildProcess p(argv, log);
+  auto code = p.wait(timeout);
+  if (!code) {
+    p.stop(std::chrono::seconds(1));
+    return -1;
+  }
+  return *code;
+}
+
+void expect_same_tensors(const fs::path& a, const fs::path& b) {
+  supervisor::SafetensorsReader ra(a), rb(b);
+  int compared = 0;
+  for (const std::string& name : ra.tensor_names()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(rb.contains(name)) << b;
+    const auto& sa = ra.spec(name);
+    const auto& sb = rb.spec(name);
+    ASSERT_EQ(sa.dtype, sb.dtype);
+    ASSERT_EQ(sa.shape, sb.shape);
+    const auto da = ra.data(name), db = rb.data(name);
+    ASSERT_EQ(da.size(), db.size());
+    if (sa.dtype == supervisor::DType::kF32) {
+      const size_t n = da.size() / sizeof(float);
+      size_t bad = 0;
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) {
+        float x, y;
+        std::memcpy(&x, da.data() + i * sizeof(float), sizeof x);
+        std::memcpy(&y, db.data() + i * sizeof(float), sizeof y);
+        const double diff = std::fabs(static_cast<double>(x) - y);
+        worst = std::max(worst, diff);
+        if (diff > 1e-5 + 1e-5 * std::fabs(y)) ++bad;
+      }
+      EXPECT_EQ(bad, 0u) << "elements differ beyond fp32 tolerance; worst |diff| " << worst;
+    } else {
+      EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size()), 0);
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << a << " holds no tensors";
+}
+
+}  // namespace longhaul::e2e::testing

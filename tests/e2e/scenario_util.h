@@ -1,0 +1,56 @@
+// Helpers of the end-to-end scenarios: where the binaries are, the tiny example job, logdir
+// readers (state file, checkpoints, events files) and the comparison of two checkpoints.
+//
+// Thread-safety: used from the test thread only.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace longhaul::e2e::testing {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+inline constexpr const char* kJobs = "trainingjobs.longhaul.dev";
+
+fs::path binary_dir();  // $LONGHAUL_BINARY_DIR
+fs::path source_dir();  // $LONGHAUL_SOURCE_DIR
+// A fresh, empty directory for one test.
+fs::path fresh_root(const std::string& name);
+std::string read_text(const fs::path& path);
+std::string tail(const fs::path& path, size_t bytes);
+
+// The TrainingJob of examples/trainingjob-tiny.yaml, without its Worker replicas unless
+// `with_worker`, with nodeLostTimeoutSeconds 1 so a lost node costs seconds, not minutes.
+json tiny_job(bool with_worker);
+// The first container's args of the Chief template, and the max_steps they set.
+std::vector<std::string> container_args(const json& job);
+int64_t job_max_steps(const json& job);
+
+// "model.ckpt-120" (or with .safetensors) -> 120; -1 when it does not parse.
+int64_t step_of(const std::string& checkpoint_path);
+fs::path checkpoint_file(const fs::path& logdir, const std::string& checkpoint_path);
+// The step of the checkpoint the state file names; nullopt when there is none yet.
+std::optional<int64_t> latest_checkpoint_step(const fs::path& logdir);
+// The N of every "starting at step N/" / "resuming at step N/" in a worker's output, in order.
+std::vector<int64_t> start_steps(const std::string& text);
+// The SessionLog START step of each events file of the logdir, files in the order they were
+// started (their first event's wall time); -1 for a file without START.
+std::vector<int64_t> session_start_steps(const fs::path& logdir);
+
+// Runs longhaul-worker with `args` and --logdir `logdir` to completion; returns the exit code
+// (-1 on timeout, after killing it).
+int run_worker(const fs::path& worker, const std::vector<std::string>& args, const fs::path& logdir,
+               const fs::path& log, std::chrono::milliseconds timeout);
+
+// Every tensor of `a` is in `b` with the same dtype and shape, and F32 values agree within
+// 1e-5 absolute + 1e-5 relative (fp32 rounding); other dtypes byte for byte.
+void expect_same_tensors(const fs::path& a, const fs::path& b);
+
+}  // namespace longhaul::e2e::testing
