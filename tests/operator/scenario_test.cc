@@ -39,6 +39,16 @@ class Scenario : public ::testing::Test {
   bool wait(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
     return server.wait_for(pred, timeout);
   }
+  // For state outside the fake server (the operator's reconcile counter), which wait() would
+  // only re-check on the server's next change: polled every 5 ms until the deadline.
+  bool wait_local(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(5ms);
+    }
+    return true;
+  }
   void create(const json& job) { server.create(kJobs, "default", job); }
   api::TrainingJobStatus status(const std::string& name = "j") { return job_status(server, name); }
   bool running(const std::string& name, size_t pods, int64_t attempt) {
@@ -366,7 +376,7 @@ TEST_F(Scenario, NoWritesOnceConverged) {
     const int before = reconciles.load();
     server.clear_requests();
     ctl->enqueue("default/j");
-    ASSERT_TRUE(wait([&] { return reconciles.load() > before; }));
+    ASSERT_TRUE(wait_local([&] { return reconciles.load() > before; }));
     writes.clear();
     for (const auto& r : server.requests()) {
       if (r.write) writes += r.method + " " + r.path + "\n";
