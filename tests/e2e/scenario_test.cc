@@ -238,9 +238,12 @@ TEST_F(Scenario, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   EXPECT_GE(starts[1], before_first);
   EXPECT_EQ(session_start_steps(logdir), starts);
 
-  // One process with the same global batch (512 tokens per step) trains the same model.
+  // The same config run straight through: two local replicas (`longhaul-worker launch`, the
+  // same data shards per rank), never disrupted.
+  std::vector<std::string> launch = {"launch", "--replicas", "2", "--"};
+  launch.insert(launch.end(), args.begin(), args.end());
   const fs::path reference = root / "reference";
-  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", args, reference,
+  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", launch, reference,
                               root / "reference.log", 300s);
   ASSERT_EQ(code, 0) << tail(root / "reference.log", 3000);
   expect_same_tensors(checkpoint_file(logdir, state->model_checkpoint_path),

@@ -11,6 +11,7 @@ namespace {
 struct MountCase {
   std::string name, text, mount, local, want;
 };
+void PrintTo(const MountCase& c, std::ostream* os) { *os << c.name; }
 class ReplaceMountPath : public ::testing::TestWithParam<MountCase> {};
 
 TEST_P(ReplaceMountPath, ReplacesOnlyWholePathPrefixes) {
