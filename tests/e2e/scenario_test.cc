@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace longhaul::e2e::testing;
 
-class Scenario : public ::testing::Test {
+class EndToEnd : public ::testing::Test {
  protected:
   void SetUp() override {
     root = fresh_root(::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -87,7 +87,7 @@ class Scenario : public ::testing::Test {
 
 // Chief only: the whole path operator -> kubelet -> worker -> preemption -> resume -> Succeeded,
 // independent of data-parallel replicas.
-TEST_F(Scenario, ChiefOnlyJobSurvivesTwoPreemptionsAndANodeLossAndMatchesAnUninterruptedRun) {
+TEST_F(EndToEnd, ChiefOnlyJobSurvivesTwoPreemptionsAndANodeLossAndMatchesAnUninterruptedRun) {
   json job = tiny_job(/*with_worker=*/false);
   const int64_t max_steps = job_max_steps(job);
   const std::vector<std::string> args = container_args(job);
@@ -176,7 +176,7 @@ bool worker_supports_replicas() {
 // The flagship: Chief + 1 Worker. Preempt the chief, later the worker, later lose the worker's
 // node (the chief notices the lost peer and exits 138: a retryable failure; the worker's pod
 // stays Terminating on the dead node until the operator force-deletes it).
-TEST_F(Scenario, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAnUninterruptedRun) {
+TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAnUninterruptedRun) {
   if (!worker_supports_replicas()) {
     GTEST_SKIP() << "longhaul-worker does not train data-parallel replicas yet (worker/dist, "
                     "issue 5); set LONGHAUL_E2E_REPLICAS=1 to force";
