@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Creates the Python virtual environment that ONLY the tests use to read a worker's logdir with
-# the tools users run: `tensorboard` (event files), `safetensors` (checkpoints) and `numpy`.
-# Idempotent: an existing venv that already imports all three is left alone.
+# Creates the Python virtual environment that ONLY the tests use: the tools users read a worker's
+# logdir with (`tensorboard` for event files, `safetensors` for checkpoints, `numpy`), and the
+# chart tests' tools (`helm-python-sdk`: Helm's own Go engine in a wheel, to render and lint the
+# chart offline; `kubernetes-validate`: the Kubernetes OpenAPI schemas; `pyyaml`).
+# Idempotent: an existing venv that already imports all of them is left alone.
 #
 #   scripts/setup-venv.sh            creates ${LONGHAUL_VENV:-<repo>/.venv}
 #
@@ -10,10 +12,11 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${LONGHAUL_VENV:-$repo/.venv}"
-packages=(tensorboard safetensors numpy pytest)
+packages=(tensorboard safetensors numpy pytest helm-python-sdk kubernetes-validate pyyaml)
+imports="import tensorboard, safetensors, numpy, pytest, helm_python, kubernetes_validate, yaml"
 
 if [[ -x "$venv/bin/python" ]] &&
-  "$venv/bin/python" -c "import tensorboard, safetensors, numpy, pytest" 2>/dev/null; then
+  "$venv/bin/python" -c "$imports" 2>/dev/null; then
   echo "setup-venv: $venv already has ${packages[*]}"
   exit 0
 fi
@@ -27,4 +30,4 @@ echo "setup-venv: creating $venv with ${packages[*]}"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}"
-"$venv/bin/python" -c "import tensorboard, safetensors, numpy, pytest; print('setup-venv: ok', tensorboard.__version__)"
+"$venv/bin/python" -c "$imports; print('setup-venv: ok, tensorboard', tensorboard.__version__)"
