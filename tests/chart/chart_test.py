@@ -32,12 +32,13 @@ KUBE_VERSION = "1.30.0"
 
 JOB_RULES = {
     # delete: ttlSecondsAfterFinished removes the finished job (operator/controller/reconciler.cc).
-    ("longhaul.dev", "trainingjobs"): {"get", "list", "watch", "update", "patch", "delete"},
-    ("longhaul.dev", "trainingjobs/status"): {"get", "update", "patch"},
+    # Exactly the calls operator/controller makes: status through update_status, no spec writes.
+    ("longhaul.dev", "trainingjobs"): {"get", "list", "watch", "delete"},
+    ("longhaul.dev", "trainingjobs/status"): {"update"},
     ("longhaul.dev", "trainingjobs/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"get", "list", "watch", "create", "delete"},
-    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "delete"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    ("", "services"): {"get", "list", "watch", "create"},
+    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create"},
     ("", "events"): {"create", "patch"},
 }
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
