@@ -73,6 +73,7 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   };
   run.reduce_gradients = [p](model::LanguageModel& model) { p->average_gradients(model); };
   run.agree_stop = [p](bool local_stop) { return p->any_stop(local_stop); };
+  run.average_loss = [p](double local_loss) { return p->mean_over_ranks(local_loss); };
   return dp;
 }
 

@@ -344,6 +344,15 @@ TEST_F(CommunicatorTest, AnyStopEndsEveryRankAndTellsWhoStopped) {
   });
 }
 
+TEST_F(CommunicatorTest, LossShownByEveryRankIsTheMeanOverRanks) {
+  run_group(3, [](int rank, Communicator& comm) {
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm));
+    // Losses 2, 3, 7: each rank gets 4, not its own value.
+    const double own[] = {2.0, 3.0, 7.0};
+    EXPECT_DOUBLE_EQ(dp.mean_over_ranks(own[rank]), 4.0);
+  });
+}
+
 TEST_F(CommunicatorTest, AverageGradientsOfTheCpuModelIsTheMean) {
   model::GPT2Config config{
       .vocab_size = 16, .context_length = 8, .n_layer = 1, .n_head = 2, .n_embd = 8};

@@ -150,4 +150,11 @@ bool DataParallel::any_stop(bool local_stop) {
   return flag != 0;
 }
 
+double DataParallel::mean_over_ranks(double value) {
+  if (world_size() == 1) return value;
+  float v = static_cast<float>(value);
+  comm_->allreduce_sum(std::span<float>(&v, 1));
+  return static_cast<double>(v) / world_size();
+}
+
 }  // namespace longhaul::dist

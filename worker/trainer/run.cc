@@ -207,7 +207,8 @@ RunResult run_training(const RunOptions& options) {
       return options.agree_stop ? options.agree_stop(sv.should_stop()) : sv.should_stop();
     };
     while (!stopping() && trainer.global_step() < t.max_steps) {
-      const StepStats s = trainer.train_step();
+      StepStats s = trainer.train_step();
+      if (options.average_loss) s.loss = options.average_loss(s.loss);
       result.last_loss = s.loss;
       ema_step_seconds =
           ema_step_seconds == 0 ? s.seconds : 0.9 * ema_step_seconds + 0.1 * s.seconds;

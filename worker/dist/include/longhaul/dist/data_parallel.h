@@ -68,6 +68,9 @@ class DataParallel {
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   void average_gradients(model::LanguageModel& model);
   bool any_stop(bool local_stop);
+  // The mean of `value` over all ranks (one all-reduce of one float); every rank calls it at the
+  // same step. Used for the loss the chief prints and writes, so it is the global batch's loss.
+  double mean_over_ranks(double value);
   bool stop_requested_by_peer() const { return stop_by_peer_; }
 
   // Seconds spent in average_gradients so far (for benchmarks and logs).

@@ -52,6 +52,9 @@ struct RunOptions {
   // At the top of every step with this replica's stop request; returns true when any replica
   // stops, so that all leave the loop at the same step.
   std::function<bool(bool local_stop)> agree_stop;
+  // After each step, with this replica's loss; returns the mean over replicas, which is what the
+  // progress line, the `loss` scalar and the metrics show.
+  std::function<double(double local_loss)> average_loss;
 };
 
 struct RunResult {
