@@ -462,11 +462,24 @@ std::string http_get(int port) {
 
 TEST_F(WorkerCliTest, ServesPrometheusMetricsWhileTraining) {
   write_text(dir_ / "long.yaml", small_model_config(100000, 50));
-  const int port = free_port();
-  WorkerProcess p(
-      {"train", "--config", "long.yaml", "--logdir", "run", "--metrics-port", std::to_string(port)},
-      dir_, dir_);
-  ASSERT_TRUE(p.wait_for_stdout("step    100/", 60s)) << p.err();
+  // free_port() can lose a race with a parallel test that binds the same port between our probe
+  // and the worker's bind; the worker then exits 1 naming the port. Retry with another port then.
+  int port = 0;
+  std::unique_ptr<WorkerProcess> worker;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    port = free_port();
+    worker = std::make_unique<WorkerProcess>(
+        std::vector<std::string>{"train", "--config", "long.yaml", "--logdir", "run",
+                                 "--metrics-port", std::to_string(port)},
+        dir_, dir_);
+    if (worker->wait_for_stdout("step    100/", 60s)) break;
+    const bool port_taken =
+        !worker->running() && contains(worker->err(), "cannot serve Prometheus");
+    ASSERT_TRUE(port_taken) << worker->err();
+    worker.reset();
+  }
+  ASSERT_NE(worker, nullptr) << "no free metrics port after 5 attempts";
+  WorkerProcess& p = *worker;
   std::string body;
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   // Poll until a checkpoint has been counted (or the deadline passes).

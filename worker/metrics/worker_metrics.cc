@@ -2,13 +2,13 @@
 #include "longhaul/worker_metrics/worker_metrics.h"
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/http_server.h"
 
 namespace longhaul::worker_metrics {
 namespace {
@@ -78,23 +78,28 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   build_info_->Set(1);
 }
 
+// server_ is declared after registry_, so it is stopped and joined before the registry goes.
 WorkerMetrics::~WorkerMetrics() = default;
 
 void WorkerMetrics::serve(int port) {
+  // Our own server, not prometheus-cpp's Exposer: civetweb's fixed thread stack is smaller than
+  // cuBLASLt's static TLS, so its threads cannot start in a worker built with CUDA.
+  server_ = std::make_unique<http::Server>(
+      "Prometheus metrics", "0.0.0.0", port,
+      [this](std::string_view method, std::string_view path) {
+        if (path != "/metrics") return http::Response{404, "text/plain", "try /metrics\n"};
+        if (method != "GET") return http::Response{405, "text/plain", "GET only\n"};
+        return http::Response{200, "text/plain; version=0.0.4; charset=utf-8", text()};
+      });
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>("0.0.0.0:" + std::to_string(port));
-  } catch (const std::exception& e) {
-    throw Unavailable("cannot serve Prometheus metrics on port " + std::to_string(port) + ": " +
-                      e.what() + "; choose a free --metrics-port (0 disables the exposer)");
+    server_->start();
+  } catch (const Error& e) {
+    server_.reset();
+    throw Unavailable(std::string(e.what()) + " (--metrics-port; 0 disables the exposer)");
   }
-  exposer_->RegisterCollectable(registry_);
 }
 
-int WorkerMetrics::port() const {
-  if (!exposer_) return 0;
-  auto ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int WorkerMetrics::port() const { return server_ ? server_->port() : 0; }
 
 void WorkerMetrics::on_step(int64_t step, double loss, double learning_rate, double grad_norm,
                             int64_t tokens, double seconds) {

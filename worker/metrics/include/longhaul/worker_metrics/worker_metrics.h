@@ -24,9 +24,11 @@
 
 #include "longhaul/supervisor/checkpoint.h"
 
+namespace longhaul::http {
+class Server;
+}
 namespace prometheus {
 class Registry;
-class Exposer;
 class Gauge;
 class Counter;
 class Histogram;
@@ -63,7 +65,7 @@ class WorkerMetrics : public supervisor::CheckpointListener {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<http::Server> server_;  // serves text() on /metrics
   prometheus::Gauge* global_step_;
   prometheus::Counter* steps_total_;
   prometheus::Counter* tokens_total_;
