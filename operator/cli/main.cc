@@ -13,8 +13,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "health_server.h"
 #include "longhaul/base/error.h"
+#include "longhaul/base/http_server.h"
 #include "longhaul/base/log.h"
 #include "longhaul/controller/controller.h"
 #include "longhaul/kube/config.h"
@@ -104,8 +104,17 @@ int run(int argc, char** argv) {
   };
   controller::Controller ctl(client, nullptr, options);
 
-  operator_cli::HealthServer health(bind_address == "0.0.0.0" ? "0.0.0.0" : bind_address,
-                                    health_port, [&ctl] { return ctl.synced(); });
+  // Probes: /healthz is 200 while the process runs; /readyz once the informers have synced
+  // (whether or not this replica leads, so standbys stay in the Service).
+  http::Server health(
+      "/healthz", bind_address, health_port, [&ctl](std::string_view, std::string_view path) {
+        if (path == "/healthz") return http::Response{200, "text/plain", "ok\n"};
+        if (path == "/readyz") {
+          return ctl.synced() ? http::Response{200, "text/plain", "ok\n"}
+                              : http::Response{503, "text/plain", "informers not synced\n"};
+        }
+        return http::Response{404, "text/plain", "not found\n"};
+      });
   health.start();
   LH_LOG(INFO) << "longhaul-operator starting" << kv("version", LONGHAUL_VERSION)
                << kv("cluster", config.source) << kv("identity", identity)
