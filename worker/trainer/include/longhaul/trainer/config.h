@@ -35,7 +35,7 @@ struct TrainingConfigSection {
   int64_t batch_size = 8;          // B, sequences per micro-batch
   int64_t seq_len = 64;            // T, tokens per sequence (<= context_length)
   int64_t total_batch_tokens = 0;  // tokens per optimizer step; 0 = B*T*world_size
-  int64_t max_steps = 300;         // optimizer steps; training ends (exit 0) after them
+  int64_t max_steps = 2000;        // optimizer steps; training ends (exit 0) after them
   double learning_rate = 3e-3;     // peak LR
   double min_lr_ratio = 0.1;       // cosine decays to learning_rate * min_lr_ratio
   int64_t warmup_steps = 20;       // linear warmup
