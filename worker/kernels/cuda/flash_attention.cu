@@ -30,21 +30,20 @@
 //   dP = dY V^T,  dS = P (dP - D),  dV = P^T dY,  dK = scale dS^T Q,  dQ = scale dS K.
 // Recomputing S and dP in both kernels costs ~1.4x the FLOPs of a single fused backward with
 // atomic dQ updates, in exchange for determinism.
-#include "longhaul/kernels/cuda/attention.h"
-
 #include <cmath>
 
 #include "device_util.cuh"
+#include "longhaul/kernels/cuda/attention.h"
 #include "longhaul/kernels/cuda/check.h"
 
 namespace longhaul::kernels::cuda {
 namespace {
 
-constexpr int kD = 64;            // head size
-constexpr int kBlock = 64;        // queries or keys per tile
-constexpr int kWarps = 4;         // 16 rows each
+constexpr int kD = 64;      // head size
+constexpr int kBlock = 64;  // queries or keys per tile
+constexpr int kWarps = 4;   // 16 rows each
 constexpr int kThreads = kWarps * 32;
-constexpr int kStride = kD + 8;   // padded shared-memory row, in bf16
+constexpr int kStride = kD + 8;  // padded shared-memory row, in bf16
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -141,8 +140,7 @@ __device__ __forceinline__ void zero(float (&acc)[8][4]) {
 // Writes a warp's 16 x 64 accumulator * scale as bf16 to rows [row0, row0+16) of a (T, *)
 // matrix with row stride `stride`, skipping rows >= T.
 __device__ __forceinline__ void store_accumulator(bf16* base, long long stride, int row0, int T,
-                                                  const float (&acc)[8][4], float scale,
-                                                  int lane) {
+                                                  const float (&acc)[8][4], float scale, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
@@ -433,8 +431,8 @@ void flash_attention_backward(bf16* dqkv, float* scratch_dot, const bf16* dout, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const float scale_log2 = kLog2e * scale;
   const long long rows = static_cast<long long>(B) * T * NH;
-  flash_backward_dot_kernel<<<detail::ceil_div(rows, 256), 256, 0, stream>>>(scratch_dot, dout,
-                                                                             out, B, T, C, NH);
+  flash_backward_dot_kernel<<<detail::ceil_div(rows, 256), 256, 0, stream>>>(scratch_dot, dout, out,
+                                                                             B, T, C, NH);
   LH_CUDA_CHECK_LAUNCH();
   const dim3 grid(detail::ceil_div(T, kBlock), B * NH);
   flash_backward_dkv_kernel<<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, scratch_dot, T, C,
