@@ -19,8 +19,9 @@ using namespace std::chrono_literals;
 
 // A process that runs until signalled; "ready" once its TERM trap is in place.
 const char* kLongRunning = "trap 'exit 143' TERM; echo ready; while :; do sleep 0.05; done";
-// A process that ignores SIGTERM: only SIGKILL stops it.
-const char* kIgnoresTerm = "trap '' TERM; echo ready; while :; do sleep 0.05; done";
+// A process that ignores SIGTERM: only SIGKILL stops it. One process (exec sleep), so no shell
+// fork window can let a TERM through.
+const char* kIgnoresTerm = "trap '' TERM; echo ready; exec sleep 600";
 
 json pod_manifest(const std::string& name, const std::string& script,
                   const std::string& restart_policy = "Never", int grace = 30) {
