@@ -136,6 +136,7 @@ class CpuGPT2 final : public LanguageModel {
   int64_t num_parameters() const override { return static_cast<int64_t>(num_params_); }
   int max_batch_size() const override { return max_B_; }
   int max_seq_len() const override { return max_T_; }
+  bool reports_gradients_per_layer() const override { return true; }
 
   void init_weights(uint64_t seed) override;
   float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
@@ -406,6 +407,14 @@ void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
   k::layernorm_backward(dresidual_, tensor(grads_, lnf_w_), tensor(grads_, lnf_b_), dln_,
                         blocks_.back().residual3, tensor(params_, lnf_w_), lnf_mean_, lnf_rstd_, N,
                         C);
+  // Gradient-ready notifications (language_model.h): ln_f, then each block as it completes, then
+  // wte + wpe after the embedding backward. `ready_end` is where the last reported range began.
+  size_t ready_end = num_params_;
+  auto report_down_to = [&](size_t begin) {
+    report_gradients_ready(begin, ready_end);
+    ready_end = begin;
+  };
+  report_down_to(layout_[lnf_w_].offset);
   // Blocks in reverse. dresidual_ holds d(block output) on entry and d(block input) on exit:
   // each residual add passes the gradient through, and each layernorm backward accumulates into it.
   for (int l = config_.n_layer - 1; l >= 0; --l) {
@@ -431,8 +440,10 @@ void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
                        block(params_, l, kQkvW), N, C, 3 * C);
     k::layernorm_backward(dresidual_, block(grads_, l, kLn1W), block(grads_, l, kLn1B), dln_,
                           residual, block(params_, l, kLn1W), a.ln1_mean, a.ln1_rstd, N, C);
+    report_down_to(layout_[2 + static_cast<size_t>(l) * kBlockTensors].offset);
   }
   k::encoder_backward(tensor(grads_, wte_), tensor(grads_, wpe_), dresidual_, inputs, B, T, C);
+  report_down_to(0);
 }
 
 float CpuGPT2::mean_loss(int N) const {

@@ -2,6 +2,7 @@
 // whole-model gradient check against finite differences, training behaviour (loss at init,
 // overfitting one batch, gradient accumulation, determinism), AdamW's weight-decay rule, the
 // learning-rate schedule and pre-trained loading.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -222,6 +223,81 @@ TEST(CpuGPT2, GradientAccumulationOverMicroBatchesEqualsTheFullBatch) {
   for (size_t i = 0; i < full.size(); ++i) {
     ASSERT_NEAR(accumulated[i], full[i], 1e-5 * max_abs) << "gradient element " << i;
   }
+}
+
+// The gradient-ready contract (language_model.h) that overlapped all-reduce relies on: each
+// reported range is final when reported (the test overwrites it with a sentinel at once, and
+// the backend must neither overwrite it nor read it back), ranges are disjoint, cover the buffer
+// once per call, and come ln_f first, then blocks L-1..0, then wte + wpe. With accumulation the
+// reported values are the accumulated sums.
+TEST(CpuGPT2, GradientReadyRangesAreFinalDisjointAndCoverTheBufferOncePerCall) {
+  const int T = 8;
+  const GPT2Config config = micro_config();
+  auto model = make_cpu_gpt2(config, 2, T);
+  auto reference = make_cpu_gpt2(config, 2, T);
+  model->init_weights(11);
+  reference->init_weights(11);
+  ASSERT_TRUE(model->reports_gradients_per_layer());
+  const size_t n = model->gradients_flat().size();
+  // Expected boundaries: ln_f.weight, then the start of each block from the last to the first,
+  // then 0 (wte + wpe).
+  std::vector<size_t> starts;
+  for (const NamedTensor& t : model->named_parameters()) {
+    const size_t offset = static_cast<size_t>(t.data - model->parameters_flat().data());
+    if (t.name == "transformer.ln_f.weight" || t.name.ends_with(".ln_1.weight")) {
+      starts.push_back(offset);
+    }
+  }
+  std::sort(starts.rbegin(), starts.rend());
+  starts.push_back(0);
+  ASSERT_EQ(starts.size(), static_cast<size_t>(config.n_layer) + 2);
+
+  constexpr float kSentinel = 12345.0f;
+  struct Range {
+    size_t begin, end;
+    std::vector<float> values;
+  };
+  std::vector<Range> ranges;
+  model->set_gradient_ready_callback([&](size_t begin, size_t end) {
+    ASSERT_LT(begin, end);
+    ASSERT_LE(end, n);
+    auto grads = model->gradients_flat();
+    ranges.push_back({begin, end, std::vector<float>(grads.begin() + begin, grads.begin() + end)});
+    std::fill(grads.begin() + begin, grads.begin() + end, kSentinel);
+  });
+  model->zero_grad();
+  reference->zero_grad();
+  for (int micro = 0; micro < 2; ++micro) {
+    const auto x = random_tokens(2 * T, 32, 20 + micro), y = random_tokens(2 * T, 32, 30 + micro);
+    ranges.clear();
+    const float loss = model->forward_backward(x.data(), y.data(), 2, T, 0.5f);
+    EXPECT_EQ(loss, reference->forward_backward(x.data(), y.data(), 2, T, 0.5f));
+    ASSERT_EQ(ranges.size(), starts.size()) << "micro-batch " << micro;
+    size_t expected_end = n;
+    auto grads = model->gradients_flat();
+    const auto want = reference->gradients_flat();
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const Range& r = ranges[i];
+      EXPECT_EQ(r.end, expected_end) << "range " << i << " is not adjacent to the previous one";
+      EXPECT_EQ(r.begin, starts[i]) << "range " << i;
+      expected_end = r.begin;
+      for (size_t j = r.begin; j < r.end; ++j) {
+        ASSERT_EQ(grads[j], kSentinel) << "element " << j << " was written after it was reported";
+        ASSERT_EQ(r.values[j - r.begin], want[j]) << "element " << j << ", micro-batch " << micro;
+        grads[j] = r.values[j - r.begin];  // restore for the next accumulation
+      }
+    }
+    EXPECT_EQ(expected_end, 0u) << "the ranges do not reach offset 0 (wte)";
+  }
+  // forward_loss reports nothing; an empty callback turns reporting off.
+  ranges.clear();
+  const auto x = random_tokens(2 * T, 32, 40);
+  model->forward_loss(x.data(), x.data(), 2, T);
+  EXPECT_TRUE(ranges.empty());
+  model->set_gradient_ready_callback({});
+  EXPECT_FALSE(model->has_gradient_ready_callback());
+  model->forward_backward(x.data(), x.data(), 2, T, 1.0f);
+  EXPECT_TRUE(ranges.empty());
 }
 
 TEST(CpuGPT2, ForwardLossLeavesGradientsAndMatchesTrainingLoss) {

@@ -19,11 +19,19 @@
 // lm_head.weight is tied to transformer.wte.weight and not stored. Moments are named
 // "optimizer.exp_avg.<name>" and "optimizer.exp_avg_sq.<name>" (torch.optim.AdamW's state keys).
 //
+// Gradient-ready notifications (set_gradient_ready_callback) let a data-parallel layer start
+// all-reducing the gradients of the last layers while the backward pass is still computing the
+// first ones; the contract is at the declaration below.
+//
 // Thread-safety: not thread-safe; one training thread drives a model. Internally the backend
-// uses its own threads (CPU: OpenMP + OpenBLAS).
+// uses its own threads (CPU: OpenMP + OpenBLAS). The gradient-ready callback runs on the
+// training thread; the memory of a range it reports may be read and written by another thread
+// until forward_backward returns, because the backend no longer touches it in that call.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -99,10 +107,45 @@ class LanguageModel {
   PretrainedLoadReport load_pretrained(const PretrainedTensorReader& reader,
                                        const PretrainedLoadOptions& options = {});
 
+  // --- Gradient-ready notifications (opt-in; for overlapping communication with backward) ---
+  //
+  // callback(begin, end): the gradients_flat() elements [begin, end) (element offsets) are
+  // FINAL for the current forward_backward call: the backend will neither read nor write them
+  // again before that call returns, so another thread may all-reduce them in place meanwhile.
+  // A backend that reports (reports_gradients_per_layer() true) calls it during every
+  // forward_backward while it is set: on the training thread, outside its parallel regions,
+  // with ranges that are non-empty, disjoint and together cover the whole buffer exactly once
+  // per call. For GPT-2 the layout is wte, wpe, block 0..L-1, ln_f and the backward pass
+  // finishes ln_f first, then block L-1 ... block 0, then wte and wpe together (wte is also the
+  // tied lm_head, whose gradient is written first and completed by the embedding backward):
+  // ranges come as suffixes growing towards the front, in decreasing offset order, each
+  // adjacent to the previous one. With accumulation the reported values are the accumulated
+  // sums (earlier calls' gradients plus this call's).
+  // A backend that does not report (the default; e.g. CUDA, which keeps one NCCL call over the
+  // whole buffer) never calls it: there the whole buffer is final when forward_backward
+  // returns, which a caller treats as one range [0, num_parameters()) after the call.
+  // An exception thrown by the callback propagates out of forward_backward (gradients are then
+  // partial). An empty callback turns the notifications off. forward_loss never calls it.
+  using GradientReadyCallback = std::function<void(size_t begin, size_t end)>;
+  void set_gradient_ready_callback(GradientReadyCallback callback) {
+    gradient_ready_callback_ = std::move(callback);
+  }
+  bool has_gradient_ready_callback() const { return static_cast<bool>(gradient_ready_callback_); }
+  // Whether forward_backward calls the gradient-ready callback per layer (see above).
+  virtual bool reports_gradients_per_layer() const { return false; }
+
  protected:
+  // For backends that report: invokes the callback (if set) for [begin, end).
+  void report_gradients_ready(size_t begin, size_t end) {
+    if (gradient_ready_callback_) gradient_ready_callback_(begin, end);
+  }
+
   // Copies host fp32 values into one parameter (src.size() == dst.numel()). The default is a
   // host memcpy; device backends override it.
   virtual void upload_parameter(const NamedTensor& dst, std::span<const float> src);
+
+ private:
+  GradientReadyCallback gradient_ready_callback_;  // empty: notifications off
 };
 
 // Whether a parameter gets weight decay (2-D tensors only).
