@@ -125,9 +125,14 @@ void WorkerMetrics::on_saved(const supervisor::CheckpointStats& stats) {
   ckpt_saves_->Increment();
 }
 
-void WorkerMetrics::on_restored(int64_t step) {
+void WorkerMetrics::on_restored(const supervisor::RestoredCheckpoint& restored) {
   ckpt_restores_->Increment();
-  global_step_->Set(static_cast<double>(step));
+  global_step_->Set(static_cast<double>(restored.step));
+  // A restarted process already has a latest checkpoint: show it, so "time since the last
+  // checkpoint" does not read as fifty years until the first save of this process.
+  ckpt_last_step_->Set(static_cast<double>(restored.step));
+  ckpt_last_timestamp_->Set(restored.wall_time);
+  ckpt_last_bytes_->Set(static_cast<double>(restored.bytes));
 }
 
 std::string WorkerMetrics::text() const {

@@ -24,6 +24,8 @@ bool has_line(const std::string& text, const std::string& prefix) {
 
 TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
   WorkerMetrics m(3, true, "0.1.0", "cpu");
+  m.on_restored(
+      {.step = 5, .file = "model.ckpt-5.safetensors", .wall_time = 1690000000, .bytes = 2048});
   m.on_step(7, 2.5, 1e-3, 0.75, 1024, 0.5);
   supervisor::CheckpointStats stats;
   stats.step = 7;
@@ -32,10 +34,9 @@ TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
   stats.write_seconds = 0.2;
   stats.stall_seconds = 0.01;
   m.on_saved(stats);
-  m.on_restored(5);
   const std::string t = m.text();
   for (const std::string line : {
-           "longhaul_train_global_step{rank=\"3\"} 5",
+           "longhaul_train_global_step{rank=\"3\"} 7",
            "longhaul_train_steps_total{rank=\"3\"} 1",
            "longhaul_train_tokens_total{rank=\"3\"} 1024",
            "longhaul_train_step_duration_seconds_count{rank=\"3\"} 1",
@@ -58,6 +59,27 @@ TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
   EXPECT_NE(t.find("longhaul_worker_build_info{"), std::string::npos);
   EXPECT_NE(t.find("version=\"0.1.0\""), std::string::npos);
   EXPECT_NE(t.find("backend=\"cpu\""), std::string::npos);
+}
+
+TEST(WorkerMetricsTest, ARestartedWorkerShowsTheCheckpointItRestoredFrom) {
+  // Before its first save, a restarted worker reports the checkpoint it resumed from, so a
+  // "time since the last checkpoint" alert does not fire on every restart.
+  WorkerMetrics m(0, true, "0.1.0", "cpu");
+  m.on_restored({.step = 1200,
+                 .file = "model.ckpt-1200.safetensors",
+                 .wall_time = 1690000123,
+                 .bytes = 998877});
+  const std::string t = m.text();
+  for (const std::string line : {
+           "longhaul_train_global_step{rank=\"0\"} 1200",
+           "longhaul_checkpoint_last_step{rank=\"0\"} 1200",
+           "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} 1690000123",
+           "longhaul_checkpoint_last_bytes{rank=\"0\"} 998877",
+           "longhaul_checkpoint_restores_total{rank=\"0\"} 1",
+           "longhaul_checkpoint_saves_total{rank=\"0\"} 0",
+       }) {
+    EXPECT_TRUE(has_line(t, line)) << line << "\n" << t;
+  }
 }
 
 std::string http_get(int port, const std::string& path) {

@@ -281,7 +281,7 @@ class BlockingListener : public CheckpointListener {
     }
     --in_flight;
   }
-  void on_restored(int64_t) override {}
+  void on_restored(const RestoredCheckpoint&) override {}
   void release() {
     std::lock_guard lock(mu);
     released = true;

@@ -31,6 +31,29 @@ std::string describe(const std::exception_ptr& e) {
   }
 }
 
+// What listeners are told about the checkpoint a session starts from. The commit time is the
+// state file's timestamp for that file when it is listed there, else the file's mtime.
+RestoredCheckpoint describe_restored(const CheckpointManager& manager,
+                                     const std::filesystem::path& file, int64_t step) {
+  RestoredCheckpoint r;
+  r.step = step;
+  r.file = file;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(file, ec);
+  if (!ec) r.bytes = size;
+  for (const CheckpointEntry& e : manager.checkpoints()) {
+    if (e.file == file && e.timestamp > 0) r.wall_time = e.timestamp;
+  }
+  if (r.wall_time == 0) {
+    const auto mtime = std::filesystem::last_write_time(file, ec);
+    if (!ec) {
+      const auto sys = std::chrono::file_clock::to_sys(mtime);
+      r.wall_time = std::chrono::duration<double>(sys.time_since_epoch()).count();
+    }
+  }
+  return r;
+}
+
 void check_secs(double v, const char* name) {
   if (!(v >= 0)) {
     throw InvalidArgument(std::string("supervisor option ") + name +
@@ -104,7 +127,9 @@ void Supervisor::prepare_chief(TrainingState& state) {
     last_saved_step_ = *restored_step_;
     LH_LOG(INFO) << "restored checkpoint" << kv("path", reader->path())
                  << kv("step", *restored_step_);
-    for (auto* l : options_.checkpoint_listeners) l->on_restored(*restored_step_);
+    const RestoredCheckpoint restored =
+        describe_restored(*manager_, reader->path(), *restored_step_);
+    for (auto* l : options_.checkpoint_listeners) l->on_restored(restored);
   } else {
     if (!skipped.empty()) {
       std::string names;
@@ -155,7 +180,9 @@ void Supervisor::prepare_non_chief(TrainingState& state) {
     check_compatible(state.tensor_specs(), *reader);
     state.restore(*reader);
     restored_step_ = state.global_step();
-    for (auto* l : options_.checkpoint_listeners) l->on_restored(*restored_step_);
+    const RestoredCheckpoint restored =
+        describe_restored(reader_manager, reader->path(), *restored_step_);
+    for (auto* l : options_.checkpoint_listeners) l->on_restored(restored);
   } else {
     state.initialize();
   }

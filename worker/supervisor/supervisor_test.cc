@@ -96,9 +96,13 @@ TEST(Supervisor, RestoresTheLatestCheckpointAndSkipsInitFn) {
   opts.init_fn = [&](TrainingState&) { ++init_fn_calls; };
   struct Listener : CheckpointListener {
     void on_saved(const CheckpointStats& s) override { saved.push_back(s.step); }
-    void on_restored(int64_t step) override { restored = step; }
+    void on_restored(const RestoredCheckpoint& r) override {
+      restored = r.step;
+      restored_info = r;
+    }
     std::vector<int64_t> saved;
     int64_t restored = -1;
+    RestoredCheckpoint restored_info;
   } listener;
   opts.checkpoint_listeners = {&listener};
   Supervisor sv(opts);
@@ -108,6 +112,18 @@ TEST(Supervisor, RestoresTheLatestCheckpointAndSkipsInitFn) {
   EXPECT_EQ(init_fn_calls, 0) << "init_fn must not run when a checkpoint exists";
   EXPECT_EQ(sv.restored_step(), 7);
   EXPECT_EQ(listener.restored, 7);
+  // The listener learns when that checkpoint was committed and how big it is, so a restarted
+  // worker's "last checkpoint" metrics are not empty until its first save.
+  CheckpointManager manager({.logdir = dir.path(), .remove_temp_files = false});
+  CheckpointEntry seven;
+  for (const auto& e : manager.checkpoints()) {
+    if (e.step == 7) seven = e;
+  }
+  ASSERT_EQ(seven.step, 7) << "the checkpoint restored from is still listed";
+  EXPECT_EQ(listener.restored_info.file, seven.file);
+  EXPECT_EQ(listener.restored_info.wall_time, seven.timestamp);
+  EXPECT_GT(listener.restored_info.wall_time, 1.6e9);
+  EXPECT_EQ(listener.restored_info.bytes, std::filesystem::file_size(seven.file));
   EXPECT_EQ(listener.saved, std::vector<int64_t>{10});
   EXPECT_EQ(state.values[0][0], 10.0f) << "restored values continued, not re-initialised";
   EXPECT_EQ(list_events_files(dir.path()).size(), 2u) << "a restart opens a new events file";

@@ -58,7 +58,7 @@ class WorkerMetrics : public supervisor::CheckpointListener {
 
   // supervisor::CheckpointListener
   void on_saved(const supervisor::CheckpointStats& stats) override;
-  void on_restored(int64_t step) override;
+  void on_restored(const supervisor::RestoredCheckpoint& restored) override;
 
   // The Prometheus text exposition of every metric (what /metrics serves).
   std::string text() const;

@@ -111,13 +111,22 @@ struct CheckpointStats {
   uint64_t bytes = 0;        // file size
 };
 
+// The checkpoint a session started from. Reported to listeners on the training thread, so that a
+// restarted process shows when its latest checkpoint was committed (not "never").
+struct RestoredCheckpoint {
+  int64_t step = 0;
+  std::filesystem::path file;
+  double wall_time = 0;  // when it was committed: the state file's timestamp, else the file's mtime
+  uint64_t bytes = 0;    // file size
+};
+
 // Observes checkpoints (the metrics layer implements it). Called on the thread that saved or
 // restored; implementations must be quick and thread-safe.
 class CheckpointListener {
  public:
   virtual ~CheckpointListener() = default;
   virtual void on_saved(const CheckpointStats& stats) = 0;
-  virtual void on_restored(int64_t step) = 0;
+  virtual void on_restored(const RestoredCheckpoint& restored) = 0;
 };
 
 // One background writer thread and two reusable Snapshot slots. The training thread calls
