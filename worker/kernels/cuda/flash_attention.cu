@@ -31,6 +31,9 @@
 // Recomputing S and dP in both kernels costs ~1.4x the FLOPs of a single fused backward with
 // atomic dQ updates, in exchange for determinism.
 #include <cmath>
+#include <string>
+
+#include <longhaul/base/error.h>
 
 #include "device_util.cuh"
 #include "longhaul/kernels/cuda/attention.h"
@@ -45,6 +48,7 @@ constexpr int kWarps = 4;   // 16 rows each
 constexpr int kThreads = kWarps * 32;
 constexpr int kStride = kD + 8;  // padded shared-memory row, in bf16
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr long long kMaxGridY = 65535;
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -417,8 +421,26 @@ __global__ void __launch_bounds__(kThreads)
 
 bool flash_attention_supported(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH == kD; }
 
+namespace {
+
+// The launch shapes' limits, checked before any launch: head size 64, and B * NH blocks along
+// grid.y, which CUDA caps at 65535 (B <= 5461 for GPT-2's 12 heads).
+void check_shape(int B, int T, int C, int NH, const char* what) {
+  if (!flash_attention_supported(C, NH) || B < 1 || T < 1 ||
+      static_cast<long long>(B) * NH > kMaxGridY) {
+    throw InvalidArgument(
+        std::string(what) + ": unsupported shape B=" + std::to_string(B) +
+        " T=" + std::to_string(T) + " C=" + std::to_string(C) + " NH=" + std::to_string(NH) +
+        " (needs head size C / NH = 64, B, T >= 1 and B * NH <= " + std::to_string(kMaxGridY) +
+        "); use the cuBLASLt attention path");
+  }
+}
+
+}  // namespace
+
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
                              cudaStream_t stream) {
+  check_shape(B, T, C, NH, "flash_attention_forward");
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kD));
   const dim3 grid(detail::ceil_div(T, kBlock), B * NH);
   flash_forward_kernel<<<grid, kThreads, 0, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
@@ -428,6 +450,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
 void flash_attention_backward(bf16* dqkv, float* scratch_dot, const bf16* dout, const bf16* out,
                               const bf16* qkv, const float* lse, int B, int T, int C, int NH,
                               cudaStream_t stream) {
+  check_shape(B, T, C, NH, "flash_attention_backward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const float scale_log2 = kLog2e * scale;
   const long long rows = static_cast<long long>(B) * T * NH;

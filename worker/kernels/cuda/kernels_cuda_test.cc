@@ -159,6 +159,21 @@ TEST(TokenBucketsTest, GroupsPositionsByTokenInAscendingOrder) {
   EXPECT_EQ(empty.offsets, (std::vector<int32_t>{0}));
 }
 
+// Host code: the shape checks run before any launch, so no GPU is needed.
+TEST(FlashAttentionTest, RejectsShapesItCannotLaunch) {
+  // B * NH blocks along grid.y: CUDA caps it at 65535 (5461 * 12 = 65532 fits, 5462 * 12 not).
+  EXPECT_THROW(flash_attention_forward(nullptr, nullptr, nullptr, 5462, 64, 768, 12, nullptr),
+               InvalidArgument);
+  EXPECT_THROW(flash_attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 5462,
+                                        64, 768, 12, nullptr),
+               InvalidArgument);
+  // Head size 32: the kernels are written for 64.
+  EXPECT_THROW(flash_attention_forward(nullptr, nullptr, nullptr, 2, 64, 128, 4, nullptr),
+               InvalidArgument);
+  EXPECT_THROW(flash_attention_forward(nullptr, nullptr, nullptr, 2, 0, 128, 2, nullptr),
+               InvalidArgument);
+}
+
 TEST(EncoderTest, ForwardMatchesCpu) {
   SKIP_WITHOUT_GPU();
   Random rng;
