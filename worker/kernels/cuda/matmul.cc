@@ -28,7 +28,8 @@
 // Algorithms: the heuristic is asked once per shape/epilogue/alignment and the answer cached
 // (including "none": an unsupported optional epilogue then costs one lookup, not one per call).
 // Alignment preferences are computed from the actual pointers and strides, so a cached algorithm
-// is never applied to less-aligned data than it was chosen for.
+// is never applied to less-aligned data than it was chosen for; batch strides are part of the key
+// too. An algorithm cublasLtMatmul refuses with NOT_SUPPORTED is dropped like a heuristic "none".
 #include "longhaul/kernels/cuda/matmul.h"
 
 #include <algorithm>
@@ -100,7 +101,10 @@ std::string describe(const GemmDesc& g) {
          " tb=" + std::to_string(g.trans_b) + " batch=" + std::to_string(g.batch) +
          " d=" + (g.d_type == CUDA_R_32F ? "f32" : "bf16") +
          " epilogue=" + std::to_string(static_cast<int>(g.epilogue)) +
-         " beta=" + std::to_string(g.beta != 0.0f);
+         " beta=" + std::to_string(g.beta != 0.0f) +
+         (g.batch > 1 ? " strides=" + std::to_string(g.stride_a) + "," +
+                            std::to_string(g.stride_b) + "," + std::to_string(g.stride_d)
+                      : std::string());
 }
 
 }  // namespace
@@ -204,9 +208,19 @@ bool Matmul::try_run(const GemmDesc& g, void* d, const bf16* a, const bf16* b,
     it = cache_.emplace(key, cached).first;
   }
   if (!it->second.found) return false;
-  LH_CUBLAS_CHECK(cublasLtMatmul(handle_, desc.op, &g.alpha, a, desc.a, b, desc.b, &g.beta, d,
-                                 desc.d, d, desc.d, &it->second.algo, workspace_, workspace_bytes_,
-                                 stream));
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, desc.op, &g.alpha, a, desc.a, b, desc.b, &g.beta, d, desc.d, d,
+                     desc.d, &it->second.algo, workspace_, workspace_bytes_, stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // The heuristic's algorithm was refused at launch (checked before any work is queued): treat
+    // it like "no algorithm", so an optional epilogue falls back instead of failing the step.
+    it->second.found = false;
+    it->second.status = status;
+    return false;
+  }
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw_cublas_error(status, ("cublasLtMatmul(" + describe(g) + ")").c_str(), __FILE__, __LINE__);
+  }
   return true;
 }
 
