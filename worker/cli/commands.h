@@ -23,6 +23,11 @@ struct TrainArgs {
   int rank = -1;
   int world_size = -1;
   std::string rendezvous_dir;  // empty: <logdir>/.rendezvous
+  // Gradient all-reduce of CPU replicas: "on" (overlapped with the backward pass), "off", or
+  // empty ($LONGHAUL_ALLREDUCE_OVERLAP, default on); bucket size in MiB, 0: automatic
+  // ($LONGHAUL_ALLREDUCE_BUCKET_MB).
+  std::string allreduce_overlap;
+  double allreduce_bucket_mb = -1;
 };
 int run_train(const TrainArgs& args);
 

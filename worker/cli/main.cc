@@ -49,6 +49,16 @@ int main(int argc, char** argv) {
   train_cmd->add_option(
       "--rendezvous-dir", train.rendezvous_dir,
       "shared folder for the replicas' rendezvous (default <logdir>/.rendezvous)");
+  train_cmd
+      ->add_option("--allreduce-overlap", train.allreduce_overlap,
+                   "CPU replicas: all-reduce gradient buckets while the backward pass runs (on) "
+                   "or the whole buffer after it (off); default $LONGHAUL_ALLREDUCE_OVERLAP or on")
+      ->check(CLI::IsMember({"on", "off"}));
+  train_cmd
+      ->add_option("--allreduce-bucket-mb", train.allreduce_bucket_mb,
+                   "CPU replicas: gradient bucket size in MiB for the overlapped all-reduce; 0: "
+                   "min(25, a quarter of the gradients) (default $LONGHAUL_ALLREDUCE_BUCKET_MB)")
+      ->check(CLI::NonNegativeNumber);
 
   LaunchArgs launch;
   auto* launch_cmd = app.add_subcommand(

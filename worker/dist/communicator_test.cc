@@ -2,7 +2,9 @@
 // multi-process tests of the worker binary are in tests/worker/dist_*_test.cc.
 #include "longhaul/dist/communicator.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -364,6 +366,148 @@ TEST_F(CommunicatorTest, AverageGradientsOfTheCpuModelIsTheMean) {
     dp.average_gradients(*model);
     for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], 1.0f + static_cast<float>(i % 3));
   });
+}
+
+// Overlapped, bucketed averaging (DataParallelOptions) against the whole-buffer all-reduce on
+// the same gradients: gradient accumulation over two micro-batches, the overlapped all-reduce
+// started only for the last one, as the trainer does.
+class OverlapTest : public CommunicatorTest, public ::testing::WithParamInterface<size_t> {};
+
+std::vector<int32_t> tokens_for(int rank, int micro, size_t n, int vocab) {
+  std::vector<int32_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<int32_t>((i * 7 + static_cast<size_t>(rank) * 13 + micro * 5) % vocab);
+  }
+  return v;
+}
+
+TEST_P(OverlapTest, OverlappedAveragingEqualsTheWholeBufferAllreduce) {
+  const size_t bucket_bytes = GetParam();
+  const model::GPT2Config config{
+      .vocab_size = 32, .context_length = 8, .n_layer = 3, .n_head = 2, .n_embd = 16};
+  run_group(3, [&](int rank, Communicator& comm) {
+    auto overlapped = model::make_cpu_gpt2(config, 2, 8);
+    auto reference = model::make_cpu_gpt2(config, 2, 8);
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm),
+                    DataParallelOptions{.bucket_bytes = bucket_bytes});
+    DataParallel whole(std::make_unique<ProxyCommunicator>(comm),
+                       DataParallelOptions{.overlap_allreduce = false});
+    for (int step = 0; step < 2; ++step) {
+      overlapped->zero_grad();
+      reference->zero_grad();
+      for (int micro = 0; micro < 2; ++micro) {
+        const auto x = tokens_for(rank, micro + 2 * step, 16, 32);
+        const auto y = tokens_for(rank + 1, micro + 2 * step, 16, 32);
+        if (micro == 1) dp.start_gradient_averaging(*overlapped);
+        overlapped->forward_backward(x.data(), y.data(), 2, 8, 0.5f);
+        reference->forward_backward(x.data(), y.data(), 2, 8, 0.5f);
+      }
+      dp.average_gradients(*overlapped);
+      whole.average_gradients(*reference);
+      EXPECT_FALSE(overlapped->has_gradient_ready_callback());
+      const auto got = overlapped->gradients_flat();
+      const auto want = reference->gradients_flat();
+      float max_abs = 0;
+      for (float g : want) max_abs = std::max(max_abs, std::abs(g));
+      ASSERT_GT(max_abs, 0.0f);
+      for (size_t i = 0; i < want.size(); ++i) {
+        // The ring sums each element over the ranks in an order that depends on the buffer's
+        // size, so a bucket may differ from the whole buffer in the last bit.
+        ASSERT_NEAR(got[i], want[i], 1e-6f * max_abs) << "element " << i << ", step " << step;
+      }
+      // Other collectives after an overlapped step use the communicator safely.
+      EXPECT_FALSE(dp.any_stop(false));
+      EXPECT_DOUBLE_EQ(dp.mean_over_ranks(static_cast<double>(rank)), 1.0);
+      // Apply the same update to both so the next step starts from equal weights.
+      overlapped->optimizer_step({}, 1e-3f, 1.0f);
+      reference->optimizer_step({}, 1e-3f, 1.0f);
+    }
+    // tiny buckets: one per reported range (ln_f, 3 blocks, wte+wpe); huge: one bucket;
+    // automatic: a quarter of the buffer at most, so a few.
+    if (bucket_bytes == 4) {
+      EXPECT_EQ(dp.last_bucket_count(), static_cast<size_t>(config.n_layer) + 2);
+    } else if (bucket_bytes > 1000000) {
+      EXPECT_EQ(dp.last_bucket_count(), 1u);
+    } else {
+      EXPECT_GE(dp.last_bucket_count(), 2u);
+    }
+    EXPECT_EQ(dp.averaged_steps(), 2);
+    EXPECT_GT(dp.allreduce_busy_seconds(), 0.0);
+    EXPECT_TRUE(dp.communication_thread_running());
+    EXPECT_FALSE(whole.communication_thread_running());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(BucketBytes, OverlapTest,
+                         ::testing::Values(size_t{4}, size_t{0}, size_t{1} << 30),
+                         [](const auto& info) {
+                           return info.param == 4   ? std::string("Tiny")
+                                  : info.param == 0 ? std::string("Automatic")
+                                                    : std::string("Huge");
+                         });
+
+// A communicator that dies (closes its connections, like a killed process) at its n-th
+// all-reduce of floats, instead of taking part.
+class DyingCommunicator : public Communicator {
+ public:
+  DyingCommunicator(std::unique_ptr<Communicator> inner, int die_at)
+      : inner_(std::move(inner)),
+        rank_(inner_->rank()),
+        world_(inner_->world_size()),
+        die_at_(die_at) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  void allreduce_sum(std::span<float> d) override {
+    if (++calls_ == die_at_) inner_.reset();
+    if (!inner_) throw Aborted("this rank died");
+    inner_->allreduce_sum(d);
+  }
+  void allreduce_max(std::span<int64_t> d) override { live().allreduce_max(d); }
+  void broadcast(std::span<std::byte> d, int root, std::chrono::milliseconds t) override {
+    live().broadcast(d, root, t);
+  }
+  void barrier() override { live().barrier(); }
+
+ private:
+  Communicator& live() {
+    if (!inner_) throw Aborted("this rank died");
+    return *inner_;
+  }
+  std::unique_ptr<Communicator> inner_;
+  int rank_, world_;
+  int die_at_, calls_ = 0;
+};
+
+TEST_F(CommunicatorTest, PeerDyingMidBucketsAbortsTheSurvivorsAndJoinsTheThread) {
+  const model::GPT2Config config{
+      .vocab_size = 32, .context_length = 8, .n_layer = 4, .n_head = 2, .n_embd = 16};
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      std::unique_ptr<Communicator> comm = rendezvous(options(r, 3));
+      // Rank 2 dies at the third bucket of the step (after two completed all-reduces).
+      if (r == 2) comm = std::make_unique<DyingCommunicator>(std::move(comm), 3);
+      auto model = model::make_cpu_gpt2(config, 2, 8);
+      DataParallel dp(std::move(comm), DataParallelOptions{.bucket_bytes = 4});
+      const auto x = tokens_for(r, 0, 16, 32);
+      model->zero_grad();
+      dp.start_gradient_averaging(*model);
+      model->forward_backward(x.data(), x.data(), 2, 8, 1.0f);
+      try {
+        dp.average_gradients(*model);
+        ADD_FAILURE() << "rank " << r << " averaged gradients with a dead peer";
+      } catch (const Aborted& e) {
+        if (r != 2) {
+          EXPECT_THAT(e.what(), HasSubstr("138")) << "rank " << r;
+        }
+      }
+      EXPECT_FALSE(dp.communication_thread_running()) << "rank " << r;
+      EXPECT_FALSE(model->has_gradient_ready_callback()) << "rank " << r;
+      // The group stays failed: the next collective is refused at once, no hang.
+      EXPECT_THROW(dp.any_stop(false), Aborted) << "rank " << r;
+    }));
+  }
+  for (auto& f : ranks) f.get();
 }
 
 }  // namespace

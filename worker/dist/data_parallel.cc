@@ -1,6 +1,8 @@
-// DataParallel: state broadcast, gradient averaging, stop agreement. See data_parallel.h.
+// DataParallel: state broadcast, gradient averaging (overlapped bucketed all-reduce on CPU),
+// stop agreement. See data_parallel.h.
 #include "longhaul/dist/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -66,18 +68,18 @@ void broadcast_string(Communicator& comm, std::string& text, std::chrono::millis
 
 }  // namespace
 
-DataParallel::DataParallel(std::unique_ptr<Communicator> comm,
-                           std::unique_ptr<DeviceAllreduce> device,
-                           std::chrono::milliseconds device_timeout)
-    : comm_(std::move(comm)), device_(std::move(device)), device_timeout_(device_timeout) {
+DataParallel::DataParallel(std::unique_ptr<Communicator> comm, DataParallelOptions options,
+                           std::unique_ptr<DeviceAllreduce> device)
+    : comm_(std::move(comm)), options_(options), device_(std::move(device)) {
   if (!comm_) throw InvalidArgument("DataParallel needs a communicator");
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() { stop_communication_thread(); }
 
 void DataParallel::broadcast_state(supervisor::TrainingState& state,
                                    std::chrono::milliseconds timeout) {
   if (world_size() == 1) return;
+  quiesce();
   const auto start = std::chrono::steady_clock::now();
   supervisor::Snapshot snap;
   const auto my_specs = state.tensor_specs();
@@ -119,8 +121,186 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
+void DataParallel::start_gradient_averaging(model::LanguageModel& model) {
+  if (world_size() == 1 || !options_.overlap_allreduce || model.device_name() != "cpu" ||
+      !model.reports_gradients_per_layer()) {
+    return;
+  }
+  quiesce();  // nothing is in flight between steps; this also forgets an unfinished step
+  const std::span<float> grads = model.gradients_flat();
+  const size_t bytes =
+      options_.bucket_bytes > 0
+          ? options_.bucket_bytes
+          : std::min(DataParallelOptions::kDefaultBucketBytes, grads.size() * sizeof(float) / 4);
+  overlap_model_ = &model;
+  overlap_grads_ = grads;
+  bucket_limit_ = std::max<size_t>(1, bytes / sizeof(float));
+  pending_ = {};
+  reported_.clear();
+  reported_elements_ = 0;
+  last_bucket_count_ = 0;
+  contract_error_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_base_ = grads.data();
+    queue_scale_ = 1.0f / static_cast<float>(world_size());
+    stop_ = false;
+  }
+  if (!comm_thread_.joinable()) comm_thread_ = std::thread([this] { communication_loop(); });
+  model.set_gradient_ready_callback(
+      [this](size_t begin, size_t end) { on_gradients_ready(begin, end); });
+}
+
+void DataParallel::on_gradients_ready(size_t begin, size_t end) {
+  if (overlap_model_ == nullptr || contract_error_) return;  // a stale callback, or already bad
+  const size_t n = overlap_grads_.size();
+  std::string problem;
+  if (begin >= end || end > n) {
+    problem = "an empty or out-of-bounds range";
+  } else {
+    for (const Span& r : reported_) {
+      if (begin < r.end && r.begin < end) {
+        problem = "a range overlapping [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                  ") reported before";
+        break;
+      }
+    }
+  }
+  if (!problem.empty()) {
+    contract_error_ = std::make_exception_ptr(
+        Internal("the " + std::string(overlap_model_->device_name()) +
+                 " model reported gradients [" + std::to_string(begin) + ", " +
+                 std::to_string(end) + ") of " + std::to_string(n) + " as ready: " + problem +
+                 ". This breaks the gradient-ready contract of "
+                 "language_model.h (a backend bug); train with --allreduce-overlap off meanwhile"));
+    return;
+  }
+  reported_.push_back({begin, end});
+  reported_elements_ += end - begin;
+  // Adjacent ranges grow the pending bucket; a range elsewhere closes it first.
+  if (pending_.begin == pending_.end) {
+    pending_ = {begin, end};
+  } else if (end == pending_.begin) {
+    pending_.begin = begin;
+  } else if (begin == pending_.end) {
+    pending_.end = end;
+  } else {
+    issue_bucket(pending_);
+    pending_ = {begin, end};
+  }
+  if (pending_.end - pending_.begin >= bucket_limit_) {
+    issue_bucket(pending_);
+    pending_ = {};
+  }
+}
+
+void DataParallel::issue_bucket(Span bucket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(bucket);
+    ++issued_buckets_;
+  }
+  ++last_bucket_count_;
+  work_cv_.notify_one();
+}
+
+void DataParallel::communication_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return;  // buckets still queued are abandoned (stop_communication_thread)
+    const Span bucket = queue_.front();
+    queue_.pop_front();
+    float* const data = queue_base_ + bucket.begin;
+    const size_t count = bucket.end - bucket.begin;
+    const float scale = queue_scale_;
+    const bool failed = comm_error_ != nullptr;
+    lock.unlock();
+    std::exception_ptr error;
+    double seconds = 0;
+    if (!failed) {  // after a failure the group is unusable: the rest are skipped
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        comm_->allreduce_sum(std::span<float>(data, count));
+        for (size_t i = 0; i < count; ++i) data[i] *= scale;
+      } catch (...) {
+        error = std::current_exception();
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    lock.lock();
+    busy_seconds_ += seconds;
+    if (error && !comm_error_) comm_error_ = error;
+    ++completed_buckets_;
+    done_cv_.notify_all();
+  }
+}
+
+std::exception_ptr DataParallel::wait_for_buckets() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Each bucket's all-reduce ends within the collective timeout (or throws), so this is bounded.
+  done_cv_.wait(lock, [this] { return completed_buckets_ == issued_buckets_; });
+  std::exception_ptr error = comm_error_;
+  comm_error_ = nullptr;
+  return error;
+}
+
+void DataParallel::stop_communication_thread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (comm_thread_.joinable()) comm_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+  completed_buckets_ = issued_buckets_;
+}
+
+void DataParallel::quiesce() {
+  if (overlap_model_ != nullptr) {
+    // Started but never finished (forward_backward threw): later callbacks are ignored.
+    overlap_model_ = nullptr;
+    pending_ = {};
+  }
+  if (std::exception_ptr error = wait_for_buckets()) {
+    stop_communication_thread();
+    std::rethrow_exception(error);
+  }
+}
+
 void DataParallel::average_gradients(model::LanguageModel& model) {
   if (world_size() == 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (overlap_model_ == &model) {
+    model.set_gradient_ready_callback({});
+    overlap_model_ = nullptr;
+    if (!contract_error_ && pending_.begin != pending_.end) issue_bucket(pending_);
+    pending_ = {};
+    if (std::exception_ptr error = wait_for_buckets()) {
+      stop_communication_thread();  // joined before the error reaches the training loop
+      std::rethrow_exception(error);
+    }
+    if (contract_error_) std::rethrow_exception(contract_error_);
+    if (reported_elements_ != overlap_grads_.size()) {
+      throw Internal("the " + std::string(model.device_name()) + " model reported " +
+                     std::to_string(reported_elements_) + " of " +
+                     std::to_string(overlap_grads_.size()) +
+                     " gradient elements as ready during its backward pass; the gradient-ready "
+                     "contract of language_model.h needs all of them (a backend bug); train "
+                     "with --allreduce-overlap off meanwhile");
+    }
+  } else {
+    last_bucket_count_ = 0;
+    allreduce_whole(model);
+  }
+  ++averaged_steps_;
+  allreduce_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void DataParallel::allreduce_whole(model::LanguageModel& model) {
+  quiesce();
   const auto start = std::chrono::steady_clock::now();
   std::span<float> grads = model.gradients_flat();
   if (model.device_name() == "cpu") {
@@ -130,7 +310,7 @@ void DataParallel::average_gradients(model::LanguageModel& model) {
   } else if (device_ || nccl_available()) {
     // A CUDA model: NCCL, created at the first step on the training thread (whose current
     // device is the model's), bootstrapped over this group's communicator.
-    if (!device_) device_ = make_nccl_allreduce(*comm_, -1, device_timeout_);
+    if (!device_) device_ = make_nccl_allreduce(*comm_, -1, options_.device_timeout);
     device_->allreduce_mean(grads.data(), grads.size());
     // ncclAvg: already the mean.
   } else {
@@ -138,12 +318,20 @@ void DataParallel::average_gradients(model::LanguageModel& model) {
                              " model needs NCCL for gradient all-reduce, and this build has no "
                              "NCCL; train on CPU or build with CUDA and NCCL");
   }
-  allreduce_seconds_ +=
+  const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  busy_seconds_ += seconds;
+}
+
+double DataParallel::allreduce_busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_seconds_;
 }
 
 bool DataParallel::any_stop(bool local_stop) {
   if (world_size() == 1) return local_stop;
+  quiesce();
   int64_t flag = local_stop ? 1 : 0;
   comm_->allreduce_max(std::span<int64_t>(&flag, 1));
   if (flag != 0 && !local_stop) stop_by_peer_ = true;
@@ -152,6 +340,7 @@ bool DataParallel::any_stop(bool local_stop) {
 
 double DataParallel::mean_over_ranks(double value) {
   if (world_size() == 1) return value;
+  quiesce();
   float v = static_cast<float>(value);
   comm_->allreduce_sum(std::span<float>(&v, 1));
   return static_cast<double>(v) / world_size();

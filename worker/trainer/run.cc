@@ -132,6 +132,9 @@ RunResult run_training(const RunOptions& options) {
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
   if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);
+  if (options.start_reducing_gradients) {
+    trainer.set_last_backward_hook(options.start_reducing_gradients);
+  }
 
   // 4. Supervisor.
   supervisor::SupervisorOptions so;

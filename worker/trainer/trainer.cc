@@ -325,6 +325,7 @@ StepStats Trainer::train_step() {
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
     data::Batch batch = train_->next();
     batch.to_int32(inputs_, targets_);
+    if (micro == accumulation_steps_ - 1 && last_backward_hook_) last_backward_hook_(*model_);
     try {
       loss_sum += model_->forward_backward(inputs_.data(), targets_.data(), B, T, scale);
     } catch (const InvalidArgument& e) {

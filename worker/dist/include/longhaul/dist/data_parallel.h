@@ -5,7 +5,10 @@
 //   sv.managed_session(state, [&](Supervisor& sv) {
 //     dp.broadcast_state(state);                      // every rank == the chief, bit for bit
 //     while (!dp.any_stop(sv.should_stop()) && step < max_steps) {
-//       model.forward_backward(...);                  // this rank's shard of the batch
+//       for (micro-batches) {                         // this rank's shard of the batch
+//         if (last micro-batch) dp.start_gradient_averaging(model);
+//         model.forward_backward(...);                // buckets all-reduced while this runs
+//       }
 //       dp.average_gradients(model);                  // mean over ranks, in place
 //       model.optimizer_step(...);                    // identical on every rank
 //     }
@@ -17,23 +20,51 @@
 // logdir. Rank 0 first sends its tensor list; a rank whose model has another shape fails with
 // FailedPrecondition naming the first differing tensor (a config mismatch between replicas).
 //
-// average_gradients: all-reduce (sum) of the model's flat gradient buffer, then a scale by
-// 1/world_size. CPU models use the communicator (Gloo); a CUDA model uses NCCL (ncclAvg) when
-// the build has it (nccl.h), otherwise it is refused with FailedPrecondition. The all-reduce runs
-// after the backward pass, in one call over the whole buffer: LanguageModel has no per-layer
-// completion hook, so it does not overlap with the backward pass.
+// Gradient averaging: the sum over ranks of the model's flat gradient buffer, then a scale by
+// 1/world_size.
+//   - CPU models with overlap on (the default): start_gradient_averaging(model), called right
+//     before the forward_backward of a step's LAST micro-batch, sets the model's gradient-ready
+//     callback (language_model.h). As the backward pass finishes ln_f, block L-1, ..., block 0,
+//     wte+wpe, adjacent ready ranges are packed into buckets of up to bucket_bytes, and each
+//     full bucket is handed to one communication thread that all-reduces (Gloo) and scales the
+//     buckets in place, in issue order, while the backward pass continues. average_gradients
+//     then issues the last partial bucket, waits for every bucket, removes the callback and
+//     rethrows a communication failure (Aborted) on the training thread. Earlier micro-batches
+//     are not reduced (no callback is set while they run). Bucket boundaries depend only on
+//     the layout (identical on every rank), the order of the ranges (fixed by the model's code)
+//     and bucket_bytes, so every rank issues the same buckets in the same order; a model that
+//     reports an overlapping range or leaves part of the buffer unreported is a bug (Internal).
+//     A model that does not report per layer is reduced in one call by average_gradients.
+//   - CPU models with overlap off, or average_gradients without start_gradient_averaging: one
+//     all-reduce of the whole buffer after the backward pass, on the training thread.
+//   - CUDA models: NCCL (ncclAvg) over the whole buffer after the backward pass when the build
+//     has it (nccl.h), otherwise FailedPrecondition; start_gradient_averaging does nothing.
 //
 // any_stop: an all-reduce (max) of one flag per step, so a stop requested on any rank (SIGTERM
 // on one pod, max_steps) ends every rank at the same step; the chief then commits the final
 // checkpoint. stop_requested_by_peer() tells a rank that stopped only because another did (it
 // exits 138 so the group restarts, instead of 0 which would read as "finished").
 //
-// Errors: every collective throws Aborted when a peer is lost (see communicator.h).
-// Thread-safety: one training thread.
+// Errors: every collective throws Aborted when a peer is lost (see communicator.h); after that
+// the group is unusable. The communication thread is started by the first overlapped step and
+// stopped and joined by the destructor, and at once when an overlapped all-reduce fails.
+// Thread-safety: one training thread calls every method. The communicator is used by one thread
+// at a time (Gloo contexts are not thread-safe): while buckets are in flight only the
+// communication thread uses it, and every other collective (broadcast_state, any_stop,
+// mean_over_ranks, the non-overlapped path) first waits for the buckets already issued.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "longhaul/dist/communicator.h"
 #include "longhaul/model/language_model.h"
@@ -49,14 +80,31 @@ class DeviceAllreduce {
   virtual void allreduce_mean(float* device_ptr, size_t count) = 0;
 };
 
+struct DataParallelOptions {
+  // CPU models: all-reduce gradient buckets on a communication thread while the backward pass
+  // of the last micro-batch runs. Off: one all-reduce of the whole buffer after it.
+  bool overlap_allreduce = true;
+  // Upper bound of a bucket (it closes at the first range boundary at or past it; a single
+  // range larger than this is one bucket). 0: automatic, min(kDefaultBucketBytes, a quarter of
+  // the gradient buffer), so that a small model still gets a few buckets to overlap.
+  size_t bucket_bytes = 0;
+  // Bounds each NCCL collective of a CUDA model.
+  std::chrono::milliseconds device_timeout = std::chrono::seconds(300);
+
+  static constexpr size_t kDefaultBucketBytes = size_t{25} << 20;  // PyTorch DDP's bucket_cap_mb
+};
+
 class DataParallel {
  public:
   // `device` may be null: a CUDA model then gets an NCCL all-reduce at its first step when the
-  // build has NCCL (device_timeout bounds each NCCL collective), else FailedPrecondition.
-  explicit DataParallel(std::unique_ptr<Communicator> comm,
-                        std::unique_ptr<DeviceAllreduce> device = nullptr,
-                        std::chrono::milliseconds device_timeout = std::chrono::seconds(300));
+  // build has NCCL, else FailedPrecondition.
+  explicit DataParallel(std::unique_ptr<Communicator> comm, DataParallelOptions options = {},
+                        std::unique_ptr<DeviceAllreduce> device = nullptr);
+  // Stops and joins the communication thread (waiting for a bucket in flight, which the
+  // collective timeout bounds). Never touches the model.
   ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   int rank() const { return comm_->rank(); }
   int world_size() const { return comm_->world_size(); }
@@ -66,6 +114,13 @@ class DataParallel {
   // checkpoint when the others arrive); zero: the collective timeout.
   void broadcast_state(supervisor::TrainingState& state,
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // Call right before the forward_backward of a step's last micro-batch (see above); the model
+  // must stay alive until average_gradients. Does nothing for one replica, a CUDA model, a model
+  // that does not report per layer, or with overlap off.
+  void start_gradient_averaging(model::LanguageModel& model);
+  // After the last backward pass: the model's gradients are the mean over ranks on return.
+  // Throws Aborted when a peer is lost (the communication thread is joined first), Internal
+  // when the model's ready ranges broke the gradient-ready contract.
   void average_gradients(model::LanguageModel& model);
   bool any_stop(bool local_stop);
   // The mean of `value` over all ranks (one all-reduce of one float); every rank calls it at the
@@ -73,15 +128,64 @@ class DataParallel {
   double mean_over_ranks(double value);
   bool stop_requested_by_peer() const { return stop_by_peer_; }
 
-  // Seconds spent in average_gradients so far (for benchmarks and logs).
+  // For benchmarks and logs, summed over the steps so far (steps whose gradients were averaged):
+  // allreduce_seconds: the training thread blocked in average_gradients (the all-reduce time
+  // the step could not hide); allreduce_busy_seconds: time spent inside all-reduce calls (on
+  // the communication thread when overlapped), so 1 - allreduce_seconds / allreduce_busy_seconds
+  // is the fraction hidden behind the backward pass.
   double allreduce_seconds() const { return allreduce_seconds_; }
+  double allreduce_busy_seconds() const;
+  int64_t averaged_steps() const { return averaged_steps_; }
+  // Buckets issued in the last overlapped step (0 when it was not overlapped).
+  size_t last_bucket_count() const { return last_bucket_count_; }
+  // Whether the communication thread is running (tests: it is joined after a failure).
+  bool communication_thread_running() const { return comm_thread_.joinable(); }
 
  private:
+  struct Span {
+    size_t begin = 0, end = 0;
+  };
+  void on_gradients_ready(size_t begin, size_t end);
+  void issue_bucket(Span bucket);
+  void communication_loop();
+  // Waits until every issued bucket is done; returns the first communication error, if any.
+  std::exception_ptr wait_for_buckets();
+  // Stops and joins the communication thread (idempotent).
+  void stop_communication_thread();
+  // Waits for buckets in flight so the training thread may use the communicator.
+  void quiesce();
+  void allreduce_whole(model::LanguageModel& model);
+
   std::unique_ptr<Communicator> comm_;
+  DataParallelOptions options_;
   std::unique_ptr<DeviceAllreduce> device_;
-  std::chrono::milliseconds device_timeout_;
   bool stop_by_peer_ = false;
   double allreduce_seconds_ = 0;
+  int64_t averaged_steps_ = 0;
+  size_t last_bucket_count_ = 0;
+
+  // The overlapped step in progress (training thread only).
+  model::LanguageModel* overlap_model_ = nullptr;  // non-null between start and average
+  std::span<float> overlap_grads_;
+  size_t bucket_limit_ = 0;     // elements
+  Span pending_;                // ready, not yet issued (empty: begin == end)
+  std::vector<Span> reported_;  // every range reported this step (contract checks)
+  size_t reported_elements_ = 0;
+  std::exception_ptr contract_error_;  // a broken gradient-ready contract, thrown at the end
+
+  // Shared with the communication thread.
+  std::thread comm_thread_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // the thread waits for buckets or stop
+  std::condition_variable done_cv_;  // the training thread waits for completions
+  std::deque<Span> queue_;           // guarded by mu_: issued, not yet started
+  float* queue_base_ = nullptr;      // guarded by mu_: the buffer the spans index
+  float queue_scale_ = 1.0f;         // guarded by mu_: 1 / world_size
+  size_t issued_buckets_ = 0;        // guarded by mu_: issued since construction
+  size_t completed_buckets_ = 0;     // guarded by mu_: done (or skipped) since construction
+  std::exception_ptr comm_error_;    // guarded by mu_: the first failure of the thread
+  bool stop_ = false;                // guarded by mu_
+  double busy_seconds_ = 0;          // guarded by mu_
 };
 
 }  // namespace longhaul::dist

@@ -47,7 +47,11 @@ struct RunOptions {
   // First thing in the session, after restore/initialisation: make this replica's whole state
   // the chief's (parameters, moments, step, data position).
   std::function<void(supervisor::TrainingState&)> sync_state;
-  // After each step's backward pass, before the gradient norm: average the gradients.
+  // Right before the forward/backward of each step's last micro-batch: start averaging the
+  // gradients as the backward pass finishes them (overlapped all-reduce); may be empty.
+  std::function<void(model::LanguageModel&)> start_reducing_gradients;
+  // After each step's backward pass, before the gradient norm: average the gradients (finish
+  // what start_reducing_gradients started).
   std::function<void(model::LanguageModel&)> reduce_gradients;
   // At the top of every step with this replica's stop request; returns true when any replica
   // stops, so that all leave the loop at the same step.

@@ -102,6 +102,12 @@ class Trainer : public supervisor::TrainingState {
   void set_gradient_hook(std::function<void(model::LanguageModel&)> hook) {
     gradient_hook_ = std::move(hook);
   }
+  // Called in train_step right before the forward/backward of the step's last micro-batch (the
+  // earlier micro-batches' gradients are already accumulated): data-parallel replicas start
+  // all-reducing there, overlapped with that backward pass; the gradient hook completes it.
+  void set_last_backward_hook(std::function<void(model::LanguageModel&)> hook) {
+    last_backward_hook_ = std::move(hook);
+  }
 
   model::LanguageModel& model() { return *model_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
@@ -134,6 +140,7 @@ class Trainer : public supervisor::TrainingState {
   bool initialized_ = false;
   std::vector<int32_t> inputs_, targets_;
   std::function<void(model::LanguageModel&)> gradient_hook_;
+  std::function<void(model::LanguageModel&)> last_backward_hook_;
 };
 
 // Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).
