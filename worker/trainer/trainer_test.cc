@@ -4,6 +4,8 @@
 #include "longhaul/trainer/trainer.h"
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -115,6 +117,32 @@ TEST_F(TrainerTest, AccumulationAndScheduleFollowTheConfig) {
   EXPECT_GT(s.grad_norm, 0);
   c.training.total_batch_tokens = 100;
   EXPECT_THROW(make_trainer(c), InvalidArgument);
+}
+
+// Data-parallel replicas start the overlapped all-reduce from the last-backward hook: with 4
+// micro-batches per step only the last one's backward pass may report ready gradients (the
+// earlier ones must not be reduced), and the gradient hook finishes after it.
+TEST_F(TrainerTest, LastBackwardHookRunsOncePerStepBeforeTheLastMicroBatch) {
+  WorkerConfig c = small_config();
+  c.training.total_batch_tokens = 4 * 2 * 16;
+  auto t = make_trainer(c);
+  t->initialize();
+  std::vector<std::string> events;
+  t->set_last_backward_hook([&](model::LanguageModel& m) {
+    events.push_back("start");
+    m.set_gradient_ready_callback([&](size_t, size_t) { events.push_back("ready"); });
+  });
+  t->set_gradient_hook([&](model::LanguageModel& m) {
+    events.push_back("finish");
+    m.set_gradient_ready_callback({});
+  });
+  t->train_step();
+  t->train_step();
+  // One layer: ln_f, block 0, wte + wpe.
+  const std::vector<std::string> step = {"start", "ready", "ready", "ready", "finish"};
+  std::vector<std::string> want = step;
+  want.insert(want.end(), step.begin(), step.end());
+  EXPECT_EQ(events, want);
 }
 
 TEST_F(TrainerTest, TokensOutsideTheVocabularyAreADataError) {
