@@ -110,10 +110,18 @@ std::map<std::string, std::vector<float>> read_tensors(const fs::path& path) {
   return out;
 }
 
-class EquivalenceTest : public DistReplicasTest, public ::testing::WithParamInterface<int> {};
+// Replicas, and whether their gradient all-reduce overlaps the backward pass (the default).
+struct Equivalence {
+  int world;
+  bool overlap;
+};
+
+class EquivalenceTest : public DistReplicasTest,
+                        public ::testing::WithParamInterface<Equivalence> {};
 
 TEST_P(EquivalenceTest, ReplicasMatchOneProcessWithTheSameGlobalBatch) {
-  const int world = GetParam();
+  const int world = GetParam().world;
+  const bool overlap = GetParam().overlap;
   const int64_t steps = 8;
   write_text(dir_ / "one.yaml", replica_config(steps, 2 * world, 0));
   write_text(dir_ / "many.yaml", replica_config(steps, 2, 0));
@@ -122,10 +130,16 @@ TEST_P(EquivalenceTest, ReplicasMatchOneProcessWithTheSameGlobalBatch) {
 
   std::vector<std::unique_ptr<WorkerProcess>> ranks;
   for (int r = 0; r < world; ++r) {
-    ranks.push_back(start(train_args("many.yaml", "replicas"), replica_env(world, r, "eq")));
+    auto env = replica_env(world, r, "eq");
+    if (!overlap) env["LONGHAUL_ALLREDUCE_OVERLAP"] = "off";
+    ranks.push_back(start(train_args("many.yaml", "replicas"), std::move(env)));
   }
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(ranks[r]->wait(seconds(120)), 0) << "rank " << r << ": " << ranks[r]->err();
+    // The overlapped path really ran: the 1-layer model's gradients went in two buckets (ln_f +
+    // block 0 while the embedding backward ran, then wte + wpe); off: one whole-buffer call.
+    EXPECT_THAT(ranks[r]->err(), HasSubstr(overlap ? "buckets_per_step=2" : "buckets_per_step=0"))
+        << "rank " << r;
   }
   const auto expected = read_tensors(dir_ / "single" / "model.ckpt-8.safetensors");
   const auto actual = read_tensors(dir_ / "replicas" / "model.ckpt-8.safetensors");
@@ -164,7 +178,13 @@ TEST_P(EquivalenceTest, ReplicasMatchOneProcessWithTheSameGlobalBatch) {
   EXPECT_EQ(read_text(dir_ / "replicas" / "training.done"), "8\n");
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, EquivalenceTest, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Worlds, EquivalenceTest,
+                         ::testing::Values(Equivalence{2, true}, Equivalence{3, true},
+                                           Equivalence{2, false}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.world) +
+                                  (info.param.overlap ? "Overlapped" : "NotOverlapped");
+                         });
 
 TEST_F(DistReplicasTest, NonChiefStartedWellBeforeTheChiefWaitsThenProceeds) {
   write_text(dir_ / "c.yaml", replica_config(6, 2, 0));
