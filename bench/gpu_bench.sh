@@ -5,7 +5,11 @@
 #   bench/gpu_bench.sh --build-only    # step 1 only (works without a GPU)
 # LONGHAUL_GPU_BENCH_DIRECT=1 skips CMake and builds directly with nvcc/g++;
 # LONGHAUL_GPU_BENCH_BUILD overrides the build folder (default build/gpu-bench);
-# LONGHAUL_GPU_BENCH_JOBS the number of parallel compiles (default: all cores).
+# LONGHAUL_GPU_BENCH_JOBS the number of parallel compiles (default: all cores);
+# LONGHAUL_GPU_TESTS_DIR names a folder holding prebuilt kernels_cuda_test and backend_cuda_test
+# (and, in lib/, shared libraries they need that the GPU machine lacks, e.g. OpenBLAS): a bare
+# GPU machine cannot configure the whole project (no GoogleTest, OpenBLAS, protobuf, ...), so
+# build the suites on a development machine and carry them (worker/kernels/cuda/NOTES.md).
 #
 # 1. builds longhaul_gpu_bench and the CUDA test suites (Release, sm_90) in build/gpu-bench —
 #    through CMake when the project's dependencies are installed, otherwise directly with nvcc
@@ -21,7 +25,9 @@
 # 4. prints one table: tokens/s, ms/step, MFU (6N + 6LCT FLOPs per token over 989 TFLOP/s),
 #    peak device memory, the checkpoint snapshot stall, and the speed ratio.
 #
-# Exit status: 0 when everything ran, 3 when no GPU is visible, 1 on a failure.
+# Exit status: 0 when everything ran and passed, 3 when no GPU is visible, 1 when a correctness
+# check or a run failed. A failing correctness check does not stop the measurements: the table is
+# still printed (a first GPU session wants both), and the failures are listed at the end.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,6 +60,17 @@ if [[ $BUILD_ONLY == 0 ]]; then
 fi
 JOBS=${LONGHAUL_GPU_BENCH_JOBS:-$(nproc 2>/dev/null || echo 4)}
 mkdir -p "$BUILD"
+FAILED=()
+# Runs a step; on failure records it and carries on (the status is reported at the end).
+step() {
+  local name=$1
+  shift
+  if ! "$@"; then
+    echo "gpu_bench: FAILED: $name" >&2
+    FAILED+=("$name")
+    return 1
+  fi
+}
 
 # ---- 1. build ----
 TESTS_BUILT=0
@@ -74,7 +91,9 @@ else
     echo "gpu_bench: CMake configure failed (project dependencies missing?), see" \
          "$BUILD/configure.log; building the benchmark directly with nvcc" >&2
   fi
-  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+  export NVCC
   INC=(-I"$ROOT/worker/base/include" -I"$ROOT/worker/model/include"
        -I"$ROOT/worker/kernels/cuda/include" -I"$ROOT/worker/backend_cuda/include"
        -I"$CUDA_HOME/include")
@@ -85,20 +104,27 @@ else
   # At most $JOBS compilers at a time.
   compile_one() {
     case $1 in
-      *.cu) nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr $INC_FLAGS -c "$1" \
+      *.cu) "$NVCC" -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr $INC_FLAGS -c "$1" \
               -o "$OBJ/$(basename "$1").o" ;;
       *) g++ -std=c++20 -O2 -DLONGHAUL_HAVE_CUDA=1 $INC_FLAGS -c "$1" -o "$OBJ/$(basename "$1").o" ;;
     esac
   }
   export -f compile_one
+  rm -f "$OBJ"/*.o
+  # worker/model: every library source but the CPU model (which needs the CPU kernels and
+  # OpenBLAS), so a source added there later (the LanguageModel base class's) is compiled too.
+  MODEL_SOURCES=()
+  for f in "$ROOT"/worker/model/*.cc; do
+    case $(basename "$f") in *_test.cc | gpt2_cpu.cc) ;; *) MODEL_SOURCES+=("$f") ;; esac
+  done
   printf '%s\n' "$ROOT"/worker/kernels/cuda/*.cu \
-    "$ROOT"/worker/base/error.cc "$ROOT"/worker/base/log.cc \
-    "$ROOT"/worker/model/config.cc "$ROOT"/worker/model/pretrained.cc \
+    "$ROOT"/worker/base/error.cc "$ROOT"/worker/base/log.cc "${MODEL_SOURCES[@]}" \
     "$ROOT"/worker/kernels/cuda/check.cc "$ROOT"/worker/kernels/cuda/matmul.cc \
     "$ROOT"/worker/backend_cuda/gpt2_cuda.cc "$ROOT"/worker/backend_cuda/state_transfer.cc \
     "$ROOT"/bench/gpu_train_bench.cc |
     xargs -P "$JOBS" -I{} bash -c 'compile_one "$1"' _ {}
-  g++ -o "$OBJ/longhaul_gpu_bench" "$OBJ"/*.o -L"$CUDA_HOME/lib64" -lcublasLt -lcudart -lpthread
+  g++ -o "$OBJ/longhaul_gpu_bench" "$OBJ"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" \
+    -Wl,-rpath,"$CUDA_HOME/lib64:$CUDA_HOME/lib" -lcublasLt -lcudart -lpthread
   BENCH=$OBJ/longhaul_gpu_bench
 fi
 
@@ -106,25 +132,47 @@ echo "gpu_bench: built $BENCH"
 if [[ $BUILD_ONLY == 1 ]]; then exit 0; fi
 
 # ---- 2. correctness ----
+SUITE_DIR=""
+SUITE_LD=${LD_LIBRARY_PATH:-}
 if [[ $TESTS_BUILT == 1 ]]; then
-  echo "== correctness: CUDA kernels vs CPU reference, CUDA model vs CPU model =="
+  SUITE_DIR=$BUILD
+elif [[ -n ${LONGHAUL_GPU_TESTS_DIR:-} ]]; then
+  SUITE_DIR=$(cd "$LONGHAUL_GPU_TESTS_DIR" 2>/dev/null && pwd || echo "$LONGHAUL_GPU_TESTS_DIR")
+  # Only for the suites (PyTorch below must keep finding its own CUDA libraries first).
+  SUITE_LD="$SUITE_DIR/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+if [[ -n $SUITE_DIR ]]; then
+  echo "== correctness: CUDA kernels vs CPU reference, CUDA model vs CPU model ($SUITE_DIR) =="
   for suite in kernels_cuda_test backend_cuda_test; do
-    "$(find "$BUILD" -name "$suite" -type f -perm -u+x | head -n 1)" --gtest_brief=1
+    exe=$(find "$SUITE_DIR" -name "$suite" -type f -perm -u+x 2>/dev/null | head -n 1 || true)
+    if [[ -z $exe ]]; then
+      echo "gpu_bench: $suite not found under $SUITE_DIR" >&2
+      FAILED+=("$suite (missing)")
+      continue
+    fi
+    step "$suite" env LD_LIBRARY_PATH="$SUITE_LD" "$exe" --gtest_brief=1 || true
   done
 else
-  echo "== correctness: test suites not built here (no GoogleTest/OpenBLAS on this machine) =="
+  echo "== correctness: test suites not built here (no GoogleTest/OpenBLAS on this machine;" \
+       "set LONGHAUL_GPU_TESTS_DIR to prebuilt ones) =="
+  FAILED+=("CPU-reference suites (not run)")
 fi
 echo "== correctness: self-consistency (flash vs cuBLASLt attention, training, determinism) =="
-"$BENCH" --check
+step "longhaul_gpu_bench --check" "$BENCH" --check || true
 
 # ---- 3. measure ----
 LOG=$BUILD/gpu_bench.log
-echo "== longhaul ($PRESET, T=$SEQ_LEN, batch $BATCH) =="
-"$BENCH" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$BATCH" --steps "$STEPS" \
-  --peak-tflops "$PEAK" | tee "$LOG"
-LH=$(grep '^RESULT impl=longhaul' "$LOG")
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
+echo "== longhaul ($PRESET, T=$SEQ_LEN, batch $BATCH) =="
+if ! "$BENCH" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$BATCH" --steps "$STEPS" \
+     --peak-tflops "$PEAK" | tee "$LOG"; then
+  FAILED+=("longhaul timed run")
+fi
+LH=$(grep '^RESULT impl=longhaul' "$LOG" || true)
 B=$(field "$LH" B)
+if [[ -z $B ]]; then  # the run failed: compare PyTorch at the requested (or a typical) batch
+  B=$([[ $BATCH == auto ]] && echo 16 || echo "$BATCH")
+fi
 echo "== longhaul with the cuBLASLt attention path (batch $BATCH: it keeps T x T probabilities) =="
 LOG_CUBLAS=$BUILD/gpu_bench_cublas.log
 if "$BENCH" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$BATCH" --steps "$STEPS" \
@@ -132,38 +180,50 @@ if "$BENCH" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$BATCH" --steps "$S
   LH_CUBLAS=$(grep '^RESULT impl=longhaul' "$LOG_CUBLAS" || true)
 else
   LH_CUBLAS=""
+  FAILED+=("longhaul timed run, cuBLASLt attention")
 fi
-LOSS=$(field "$LH" loss)
-python3 - "$LOSS" <<'EOF'
+if [[ -n $LH ]] && ! python3 - "$(field "$LH" loss)" <<'EOF_PY'
 import math, sys
 loss = float(sys.argv[1])
 if not math.isfinite(loss) or not (0.5 < loss < 15):
     sys.exit(f"gpu_bench: longhaul loss {loss} is not plausible: the CUDA backend is broken")
-EOF
+EOF_PY
+then
+  FAILED+=("plausible longhaul loss")
+fi
 
 echo "== PyTorch (same GPU, B=$B) =="
-python3 "$ROOT/bench/gpu_bench_torch.py" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$B" \
-  --steps "$STEPS" --peak-tflops "$PEAK" | tee -a "$LOG"
+if ! python3 "$ROOT/bench/gpu_bench_torch.py" --preset "$PRESET" --seq-len "$SEQ_LEN" --batch "$B" \
+     --steps "$STEPS" --peak-tflops "$PEAK" | tee -a "$LOG"; then
+  FAILED+=("PyTorch baseline")
+fi
 PT=$(grep '^RESULT impl=pytorch' "$LOG" || true)
 
 # ---- 4. table ----
+row() {  # row NAME RESULT-LINE SNAPSHOT-COLUMN
+  printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %16s\n' "$1" "$(field "$2" B)" "$SEQ_LEN" \
+    "$(field "$2" tokens_per_s)" "$(field "$2" ms_per_step)" \
+    "$(python3 -c "print(100*$(field "$2" mfu))")" "$(field "$2" mem_gib)" "$3"
+}
 echo
 printf '%-10s %5s %6s %12s %10s %8s %10s %16s\n' impl B T tokens/s ms/step MFU "peak GiB" "snapshot stall"
-printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %13.1f ms\n' longhaul "$B" "$SEQ_LEN" \
-  "$(field "$LH" tokens_per_s)" "$(field "$LH" ms_per_step)" \
-  "$(python3 -c "print(100*$(field "$LH" mfu))")" "$(field "$LH" mem_gib)" \
-  "$(field "$LH" snapshot_ms)"
-if [[ -n $LH_CUBLAS ]]; then
-  printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %16s\n' "lh-cublas" \
-    "$(field "$LH_CUBLAS" B)" "$SEQ_LEN" \
-    "$(field "$LH_CUBLAS" tokens_per_s)" "$(field "$LH_CUBLAS" ms_per_step)" \
-    "$(python3 -c "print(100*$(field "$LH_CUBLAS" mfu))")" "$(field "$LH_CUBLAS" mem_gib)" "-"
+if [[ -n $LH ]]; then
+  row longhaul "$LH" "$(field "$LH" snapshot_ms) ms"
+else
+  echo "longhaul: did not run (see above)"
 fi
+if [[ -n $LH_CUBLAS ]]; then row lh-cublas "$LH_CUBLAS" "-"; fi
 if [[ -n $PT ]]; then
-  printf '%-10s %5s %6s %12.0f %10.2f %7.1f%% %10.2f %16s\n' pytorch "$(field "$PT" B)" "$SEQ_LEN" \
-    "$(field "$PT" tokens_per_s)" "$(field "$PT" ms_per_step)" \
-    "$(python3 -c "print(100*$(field "$PT" mfu))")" "$(field "$PT" mem_gib)" "-"
-  python3 -c "print(f'longhaul / pytorch tokens/s: {$(field "$LH" tokens_per_s)/$(field "$PT" tokens_per_s):.2f}x')"
+  row pytorch "$PT" "-"
+  if [[ -n $LH ]]; then
+    python3 -c "print(f'longhaul / pytorch tokens/s: {$(field "$LH" tokens_per_s)/$(field "$PT" tokens_per_s):.2f}x')"
+  fi
 else
   echo "pytorch: did not run (see above)"
+fi
+if ((${#FAILED[@]} > 0)); then
+  echo
+  echo "gpu_bench: FAILED:"
+  printf '  - %s\n' "${FAILED[@]}"
+  exit 1
 fi
