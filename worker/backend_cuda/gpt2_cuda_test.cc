@@ -113,6 +113,14 @@ TEST(CudaGpt2MemoryTest, FlashAttentionNeedsLessMemoryAndSizesGrowWithBatch) {
   EXPECT_GT(flash16, flash8);
   // The cuBLAS path keeps (B, NH, T, T) probabilities per layer: 12 * 16 * 12 * 1024^2 * 2 bytes.
   EXPECT_GT(cublas16 - flash16, int64_t{12} * 16 * 12 * 1024 * 1024 * 2);
+  // The largest micro-batches an 80 GB GPU holds have N * Vp > 2^31 logits (B >= 42 at T = 1024):
+  // the sizing is 64-bit and covers at least the bf16 logits.
+  const int64_t flash128 =
+      cuda_gpt2_memory_bytes(gpt2, 128, 1024, options_for(AttentionKernel::kFlash));
+  EXPECT_GT(flash128, int64_t{128} * 1024 * 50304 * 2);
+  // Activations grow linearly with B: 112 more sequences cost 14 times what 8 more do.
+  EXPECT_NEAR(static_cast<double>(flash128 - flash16), 14.0 * static_cast<double>(flash16 - flash8),
+              0.01 * static_cast<double>(flash128 - flash16));
   model::GPT2Config four_heads = test_config();
   four_heads.n_head = 4;
   EXPECT_THROW(cuda_gpt2_memory_bytes(four_heads, kB, kT, options_for(AttentionKernel::kFlash)),
