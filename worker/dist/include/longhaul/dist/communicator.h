@@ -22,7 +22,10 @@
 // the collective throws Aborted naming the operation and the peers, and the communicator is
 // unusable afterwards: the process must exit with the retryable code 138 and the group restarts.
 //
-// Thread-safety: a Communicator is used by one thread at a time (the training thread).
+// Thread-safety: NOT thread-safe. A Communicator (its Gloo context, pairs and tag counter) must
+// be used by one thread at a time, and every rank must issue the same collectives in the same
+// order. DataParallel hands it to its communication thread while gradient buckets are in flight
+// and waits for them before any other collective on the training thread (data_parallel.h).
 #pragma once
 
 #include <chrono>
