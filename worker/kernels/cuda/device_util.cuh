@@ -2,7 +2,8 @@
 //
 // - 16-byte vector access: `Pack8` moves eight bf16 (one 128-bit load or store), the widest
 //   access a thread can make; every bf16 tensor row here has a length divisible by 8 and starts
-//   16-byte aligned (the model pads every tensor to 128 elements).
+//   16-byte aligned (the model validates C % 8 == 0, every tensor's offset in the flat working
+//   copy is a multiple of C, and every activation buffer starts 256-byte aligned).
 // - Warp and block reductions by shuffles; block reductions return the result to every thread.
 // - Stochastic rounding fp32 -> bf16: bf16 keeps the top 16 bits of an fp32. Adding a uniform
 //   random 16-bit integer to the low half before truncating rounds up with probability equal to
