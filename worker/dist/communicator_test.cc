@@ -510,5 +510,27 @@ TEST_F(CommunicatorTest, PeerDyingMidBucketsAbortsTheSurvivorsAndJoinsTheThread)
   for (auto& f : ranks) f.get();
 }
 
+// Replicas that would cut the gradients into different buckets (here: overlap on one, off on the
+// other) would pair their all-reduces wrongly; the first gradient collective refuses on both.
+TEST_F(CommunicatorTest, ReplicasWithDifferentBucketPlansAreRefusedOnEveryRank) {
+  const model::GPT2Config config{
+      .vocab_size = 32, .context_length = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  run_group(2, [&](int rank, Communicator& comm) {
+    auto model = model::make_cpu_gpt2(config, 2, 8);
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm),
+                    DataParallelOptions{.overlap_allreduce = rank == 0});
+    const auto x = tokens_for(rank, 0, 16, 32);
+    try {
+      dp.start_gradient_averaging(*model);
+      model->forward_backward(x.data(), x.data(), 2, 8, 1.0f);
+      dp.average_gradients(*model);
+      ADD_FAILURE() << "rank " << rank << " averaged with a mismatched plan";
+    } catch (const FailedPrecondition& e) {
+      EXPECT_THAT(e.what(), HasSubstr("--allreduce-overlap")) << "rank " << rank;
+    }
+    EXPECT_FALSE(model->has_gradient_ready_callback());
+  });
+}
+
 }  // namespace
 }  // namespace longhaul::dist

@@ -121,20 +121,51 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-void DataParallel::start_gradient_averaging(model::LanguageModel& model) {
-  if (world_size() == 1 || !options_.overlap_allreduce || model.device_name() != "cpu" ||
-      !model.reports_gradients_per_layer()) {
-    return;
-  }
-  quiesce();  // nothing is in flight between steps; this also forgets an unfinished step
-  const std::span<float> grads = model.gradients_flat();
+bool DataParallel::overlaps(const model::LanguageModel& model) const {
+  return options_.overlap_allreduce && model.device_name() == "cpu" &&
+         model.reports_gradients_per_layer();
+}
+
+size_t DataParallel::bucket_limit(size_t elements) const {
   const size_t bytes =
       options_.bucket_bytes > 0
           ? options_.bucket_bytes
-          : std::min(DataParallelOptions::kDefaultBucketBytes, grads.size() * sizeof(float) / 4);
+          : std::min(DataParallelOptions::kDefaultBucketBytes, elements * sizeof(float) / 4);
+  return std::max<size_t>(1, bytes / sizeof(float));
+}
+
+void DataParallel::check_gradient_plan(model::LanguageModel& model) {
+  if (plan_checked_) return;
+  plan_checked_ = true;
+  // Every rank's first gradient collective, whichever path it takes: ranks that would issue
+  // different buckets (overlap on here and off there, another bucket size or model) must not
+  // start, or their all-reduces would pair up wrongly.
+  const int64_t overlap = overlaps(model) ? 1 : 0;
+  const auto n = static_cast<int64_t>(model.gradients_flat().size());
+  const int64_t limit = overlap ? static_cast<int64_t>(bucket_limit(static_cast<size_t>(n))) : 0;
+  std::vector<int64_t> plan{overlap, -overlap, limit, -limit, n, -n};
+  quiesce();
+  comm_->allreduce_max(plan);
+  if (plan[0] != -plan[1] || plan[2] != -plan[3] || plan[4] != -plan[5]) {
+    throw FailedPrecondition(
+        "rank " + std::to_string(rank()) + " would all-reduce gradients differently from " +
+        "other replicas (here: overlap " + (overlap ? "on" : "off") + ", buckets of " +
+        std::to_string(limit) + " floats, " + std::to_string(n) +
+        " gradients): give every replica the same --allreduce-overlap / "
+        "LONGHAUL_ALLREDUCE_OVERLAP, --allreduce-bucket-mb / LONGHAUL_ALLREDUCE_BUCKET_MB and "
+        "model config");
+  }
+}
+
+void DataParallel::start_gradient_averaging(model::LanguageModel& model) {
+  if (world_size() == 1) return;
+  check_gradient_plan(model);
+  if (!overlaps(model)) return;
+  quiesce();  // nothing is in flight between steps; this also forgets an unfinished step
+  const std::span<float> grads = model.gradients_flat();
   overlap_model_ = &model;
   overlap_grads_ = grads;
-  bucket_limit_ = std::max<size_t>(1, bytes / sizeof(float));
+  bucket_limit_ = bucket_limit(grads.size());
   pending_ = {};
   reported_.clear();
   reported_elements_ = 0;
@@ -271,6 +302,7 @@ void DataParallel::quiesce() {
 
 void DataParallel::average_gradients(model::LanguageModel& model) {
   if (world_size() == 1) return;
+  check_gradient_plan(model);
   const auto start = std::chrono::steady_clock::now();
   if (overlap_model_ == &model) {
     model.set_gradient_ready_callback({});

@@ -32,8 +32,10 @@
 //     rethrows a communication failure (Aborted) on the training thread. Earlier micro-batches
 //     are not reduced (no callback is set while they run). Bucket boundaries depend only on
 //     the layout (identical on every rank), the order of the ranges (fixed by the model's code)
-//     and bucket_bytes, so every rank issues the same buckets in the same order; a model that
-//     reports an overlapping range or leaves part of the buffer unreported is a bug (Internal).
+//     and bucket_bytes, so every rank issues the same buckets in the same order; the first
+//     gradient collective checks that every rank has the same overlap setting, bucket size and
+//     gradient count (else FailedPrecondition on every rank). A model that reports an
+//     overlapping range or leaves part of the buffer unreported is a bug (Internal).
 //     A model that does not report per layer is reduced in one call by average_gradients.
 //   - CPU models with overlap off, or average_gradients without start_gradient_averaging: one
 //     all-reduce of the whole buffer after the backward pass, on the training thread.
@@ -145,6 +147,11 @@ class DataParallel {
   struct Span {
     size_t begin = 0, end = 0;
   };
+  bool overlaps(const model::LanguageModel& model) const;
+  size_t bucket_limit(size_t elements) const;
+  // Once, at the first gradient collective: every rank must plan the same buckets, else
+  // FailedPrecondition on every rank.
+  void check_gradient_plan(model::LanguageModel& model);
   void on_gradients_ready(size_t begin, size_t end);
   void issue_bucket(Span bucket);
   void communication_loop();
@@ -163,6 +170,7 @@ class DataParallel {
   double allreduce_seconds_ = 0;
   int64_t averaged_steps_ = 0;
   size_t last_bucket_count_ = 0;
+  bool plan_checked_ = false;
 
   // The overlapped step in progress (training thread only).
   model::LanguageModel* overlap_model_ = nullptr;  // non-null between start and average
