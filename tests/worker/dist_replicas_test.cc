@@ -200,6 +200,20 @@ TEST_F(DistReplicasTest, NonChiefStartedWellBeforeTheChiefWaitsThenProceeds) {
   EXPECT_EQ(state_file_latest_step(dir_ / "run"), 6);
 }
 
+// Replicas that would cut the gradients into different all-reduce buckets (overlap on the chief,
+// off on the worker) must not train: both exit 2 (a configuration error) before the first step.
+TEST_F(DistReplicasTest, ReplicasWithDifferentOverlapSettingsExitWithUsageError) {
+  write_text(dir_ / "c.yaml", replica_config(4, 2, 0));
+  auto chief = start(train_args("c.yaml", "run"), replica_env(2, 0, "mix"));
+  auto worker_env = replica_env(2, 1, "mix");
+  worker_env["LONGHAUL_ALLREDUCE_OVERLAP"] = "off";
+  auto worker = start(train_args("c.yaml", "run"), worker_env);
+  EXPECT_EQ(chief->wait(seconds(120)), 2) << chief->err();
+  EXPECT_EQ(worker->wait(seconds(120)), 2) << worker->err();
+  EXPECT_THAT(worker->err(), HasSubstr("--allreduce-overlap"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "model.ckpt-1.safetensors"));
+}
+
 TEST_F(DistReplicasTest, ChiefThatNeverComesIsDeadlineExceededNamingMissingRanks) {
   write_text(dir_ / "c.yaml", replica_config(6, 2, 0, /*max_wait_secs=*/1));
   auto worker = start(train_args("c.yaml", "run"), replica_env(3, 1, "nochief"));

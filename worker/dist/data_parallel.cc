@@ -147,7 +147,7 @@ void DataParallel::check_gradient_plan(model::LanguageModel& model) {
   quiesce();
   comm_->allreduce_max(plan);
   if (plan[0] != -plan[1] || plan[2] != -plan[3] || plan[4] != -plan[5]) {
-    throw FailedPrecondition(
+    throw InvalidArgument(
         "rank " + std::to_string(rank()) + " would all-reduce gradients differently from " +
         "other replicas (here: overlap " + (overlap ? "on" : "off") + ", buckets of " +
         std::to_string(limit) + " floats, " + std::to_string(n) +

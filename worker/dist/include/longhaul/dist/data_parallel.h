@@ -34,9 +34,10 @@
 //     the layout (identical on every rank), the order of the ranges (fixed by the model's code)
 //     and bucket_bytes, so every rank issues the same buckets in the same order; the first
 //     gradient collective checks that every rank has the same overlap setting, bucket size and
-//     gradient count (else FailedPrecondition on every rank). A model that reports an
-//     overlapping range or leaves part of the buffer unreported is a bug (Internal).
-//     A model that does not report per layer is reduced in one call by average_gradients.
+//     gradient count (else InvalidArgument on every rank: exit 2, a configuration error). A model
+//     that reports an overlapping range or leaves part of the buffer unreported is a bug
+//     (Internal). A model that does not report per layer is reduced in one call by
+//     average_gradients.
 //   - CPU models with overlap off, or average_gradients without start_gradient_averaging: one
 //     all-reduce of the whole buffer after the backward pass, on the training thread.
 //   - CUDA models: NCCL (ncclAvg) over the whole buffer after the backward pass when the build
@@ -150,7 +151,7 @@ class DataParallel {
   bool overlaps(const model::LanguageModel& model) const;
   size_t bucket_limit(size_t elements) const;
   // Once, at the first gradient collective: every rank must plan the same buckets, else
-  // FailedPrecondition on every rank.
+  // InvalidArgument on every rank.
   void check_gradient_plan(model::LanguageModel& model);
   void on_gradients_ready(size_t begin, size_t end);
   void issue_bucket(Span bucket);
