@@ -92,6 +92,9 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
   }
   broadcast_string(*comm_, header, timeout);
   json parsed = json::parse(header);
+  // Every rank learns whether some replica runs another model config, so the whole group exits
+  // with the usage code (a restart cannot fix it) instead of the chief seeing a lost peer.
+  std::string mismatch;
   if (rank() != 0) {
     const json theirs = parsed["specs"];
     const json mine = specs_json(my_specs);
@@ -99,12 +102,23 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
       const json a = i < theirs.size() ? theirs[i] : json();
       const json b = i < mine.size() ? mine[i] : json();
       if (a != b) {
-        throw FailedPrecondition("rank " + std::to_string(rank()) +
-                                 " cannot take the chief's state: tensor " + std::to_string(i) +
-                                 " is " + a.dump() + " on the chief but " + b.dump() +
-                                 " here. Every replica must run the same model config");
+        mismatch = "rank " + std::to_string(rank()) + " cannot take the chief's state: tensor " +
+                   std::to_string(i) + " is " + a.dump() + " on the chief but " + b.dump() +
+                   " here. Every replica must run the same model config";
+        break;
       }
     }
+  }
+  int64_t worst = mismatch.empty() ? 0 : rank() + 1;
+  comm_->allreduce_max(std::span<int64_t>(&worst, 1));
+  if (!mismatch.empty()) throw InvalidArgument(mismatch);
+  if (worst != 0) {
+    throw InvalidArgument("rank " + std::to_string(worst - 1) +
+                          " runs another model config than rank " + std::to_string(rank()) +
+                          " (its log names the first differing tensor). Every replica must run "
+                          "the same model config");
+  }
+  if (rank() != 0) {
     snap.reshape(my_specs);
     snap.step = parsed["step"].get<int64_t>();
     snap.metadata = parsed["metadata"].get<std::map<std::string, std::string>>();

@@ -17,8 +17,9 @@
 // broadcast_state: rank 0 snapshots its TrainingState (parameters, optimizer moments, step,
 // data position and every other metadata entry a checkpoint holds) and every other rank
 // restores it from memory, so all ranks continue bit-identically whatever each found in the
-// logdir. Rank 0 first sends its tensor list; a rank whose model has another shape fails with
-// FailedPrecondition naming the first differing tensor (a config mismatch between replicas).
+// logdir. Rank 0 first sends its tensor list; when a rank's model has another shape, every rank
+// throws InvalidArgument (the odd rank names the first differing tensor, the others name the odd
+// rank): a config mismatch between replicas, which no restart fixes.
 //
 // Gradient averaging: the sum over ranks of the model's flat gradient buffer, then a scale by
 // 1/world_size.
