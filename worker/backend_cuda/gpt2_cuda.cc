@@ -1,5 +1,7 @@
-// The CUDA GPT-2: parameter layouts, activation plan, forward, backward, AdamW and state
-// transfer, over longhaul::kernels_cuda. Plain C++ (g++); every kernel is behind a launcher.
+// The CUDA GPT-2: the bf16 working-copy layout, activation plan, forward, backward, AdamW and
+// state transfer, over longhaul::kernels_cuda. Plain C++ (g++); every kernel is behind a
+// launcher. Parameter names, order, fp32 offsets and init_weights are model::ParameterLayout's
+// (gpt2_layout.h), shared with the CPU backend, so a seed gives the same weights on both.
 //
 // Precision: fp32 master weights, gradients and AdamW moments in the unpadded layout of
 // language_model.h; a bf16 working copy of the parameters for the kernels, in the same order
@@ -24,11 +26,9 @@
 // is keyed by (seed, step, index), so two runs from the same seed and data are bit-identical on
 // the same GPU model and library versions.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -47,6 +47,7 @@
 #include <longhaul/kernels/cuda/global_norm.h>
 #include <longhaul/kernels/cuda/layernorm.h>
 #include <longhaul/kernels/cuda/matmul.h>
+#include <longhaul/model/gpt2_layout.h>
 
 #include "longhaul/backend_cuda/cuda_backend.h"
 
@@ -55,8 +56,12 @@ namespace {
 
 namespace k = longhaul::kernels::cuda;
 using k::bf16;
+using model::BlockTensor;
 using model::GPT2Config;
 using model::NamedTensor;
+using model::ParameterLayout;
+using model::TensorLayout;
+using enum model::BlockTensor;  // kLn1W, kQkvW, ...
 
 constexpr int kVocabPadding = 128;
 constexpr size_t kAlignment = 256;  // every activation buffer starts 256-byte aligned
@@ -64,61 +69,6 @@ constexpr size_t kAlignment = 256;  // every activation buffer starts 256-byte a
 // out of the pinned staging buffer while the GPU still transfers the next ones.
 constexpr size_t kSnapshotGroupBytes = size_t{64} << 20;
 constexpr int kSnapshotCopyThreads = 8;
-
-// Indices of a block's tensors, Hugging Face order (as language_model.h lists them).
-enum BlockTensor {
-  kLn1W,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kAttProjW,
-  kAttProjB,
-  kLn2W,
-  kLn2B,
-  kFcW,
-  kFcB,
-  kFcProjW,
-  kFcProjB,
-  kBlockTensors
-};
-constexpr std::array<const char*, kBlockTensors> kBlockTensorNames = {
-    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-
-struct TensorLayout {
-  std::string name;
-  std::vector<int64_t> shape;
-  size_t offset = 0;        // into the fp32 buffers
-  size_t param_offset = 0;  // into the bf16 working copy
-  size_t numel = 0;
-  enum class Init { kNormal, kResidualNormal, kZero, kOne } init = Init::kNormal;
-};
-
-// The same Gaussian stream as the CPU backend (64-bit Mersenne Twister, explicit Box-Muller),
-// so init_weights(seed) gives the same weights on both backends.
-class NormalGenerator {
- public:
-  explicit NormalGenerator(uint64_t seed) : rng_(seed) {}
-  float next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return static_cast<float>(spare_);
-    }
-    const double u1 = (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
-    const double u2 = static_cast<double>(rng_() >> 11) * 0x1.0p-53;          // [0, 1)
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    const double theta = 2.0 * 3.14159265358979323846 * u2;
-    spare_ = r * std::sin(theta);
-    has_spare_ = true;
-    return static_cast<float>(r * std::cos(theta));
-  }
-
- private:
-  std::mt19937_64 rng_;
-  double spare_ = 0.0;
-  bool has_spare_ = false;
-};
 
 // Carves typed, aligned sub-buffers out of one allocation. Run once with base == nullptr to
 // measure, then with the real base.
@@ -261,53 +211,22 @@ void carve(Carver& carver, Buffers& b, const Shape& s, size_t num_params, size_t
   b.scalars = carver.take<float>(2);
 }
 
-std::vector<TensorLayout> make_layout(const GPT2Config& config, int Vp, size_t* num_params) {
-  const int64_t V = config.vocab_size, C = config.n_embd, maxT = config.context_length;
-  using Init = TensorLayout::Init;
-  std::vector<TensorLayout> layout;
-  size_t offset = 0, param_offset = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape, Init init, size_t param_numel) {
-    TensorLayout t{std::move(name), std::move(shape), offset, param_offset, 1, init};
-    for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
-    offset += t.numel;
-    param_offset += param_numel == 0 ? t.numel : param_numel;
-    layout.push_back(std::move(t));
-  };
-  add("transformer.wte.weight", {V, C}, Init::kNormal, static_cast<size_t>(Vp) * C);
-  add("transformer.wpe.weight", {maxT, C}, Init::kNormal, 0);
-  for (int l = 0; l < config.n_layer; ++l) {
-    const std::string p = "transformer.h." + std::to_string(l) + ".";
-    const std::array<std::pair<std::vector<int64_t>, Init>, kBlockTensors> specs = {{
-        {{C}, Init::kOne},
-        {{C}, Init::kZero},
-        {{C, 3 * C}, Init::kNormal},
-        {{3 * C}, Init::kZero},
-        {{C, C}, Init::kResidualNormal},
-        {{C}, Init::kZero},
-        {{C}, Init::kOne},
-        {{C}, Init::kZero},
-        {{C, 4 * C}, Init::kNormal},
-        {{4 * C}, Init::kZero},
-        {{4 * C, C}, Init::kResidualNormal},
-        {{C}, Init::kZero},
-    }};
-    for (int i = 0; i < kBlockTensors; ++i) {
-      add(p + kBlockTensorNames[i], specs[i].first, specs[i].second, 0);
-    }
-  }
-  add("transformer.ln_f.weight", {C}, Init::kOne, 0);
-  add("transformer.ln_f.bias", {C}, Init::kZero, 0);
-  *num_params = offset;
-  return layout;
+// The bf16 working copy lays tensors out like the fp32 buffers (model::ParameterLayout) except
+// that wte has Vp rows: fp32 element i is bf16 element i inside wte (its first V rows) and
+// i + (Vp - V) * C after it.
+size_t working_copy_index(const Shape& s, size_t i) {
+  const size_t wte_end = static_cast<size_t>(s.V) * s.C;
+  return i < wte_end ? i : i + static_cast<size_t>(s.Vp - s.V) * s.C;
 }
 
-std::vector<k::AdamWChunk> make_chunks(const std::vector<TensorLayout>& layout) {
+std::vector<k::AdamWChunk> make_chunks(const ParameterLayout& layout, const Shape& shape) {
   std::vector<k::AdamWChunk> chunks;
   for (const TensorLayout& t : layout) {
+    const size_t param_offset = working_copy_index(shape, t.offset);
     for (size_t start = 0; start < t.numel; start += k::kAdamWChunk) {
       k::AdamWChunk c;
       c.offset = static_cast<long long>(t.offset + start);
-      c.param_offset = static_cast<long long>(t.param_offset + start);
+      c.param_offset = static_cast<long long>(param_offset + start);
       c.n = static_cast<int>(std::min<size_t>(k::kAdamWChunk, t.numel - start));
       c.decay = t.shape.size() == 2 ? 1 : 0;  // model::is_weight_decayed's rule
       chunks.push_back(c);
@@ -389,12 +308,9 @@ class GPT2Cuda final : public CudaModel {
 
   std::span<float> parameters_flat() override { return {buf_.master, num_params_}; }
   std::span<float> gradients_flat() override { return {buf_.grads, num_params_}; }
-  std::vector<NamedTensor> named_parameters() override { return named(buf_.master, ""); }
+  std::vector<NamedTensor> named_parameters() override { return layout_.named(buf_.master); }
   std::vector<NamedTensor> named_optimizer_state() override {
-    std::vector<NamedTensor> out = named(buf_.m, "optimizer.exp_avg.");
-    std::vector<NamedTensor> v = named(buf_.v, "optimizer.exp_avg_sq.");
-    out.insert(out.end(), v.begin(), v.end());
-    return out;
+    return layout_.named_optimizer_state(buf_.m, buf_.v);
   }
   int64_t optimizer_step_count() const override { return step_; }
   void set_optimizer_step_count(int64_t steps) override {
@@ -415,18 +331,12 @@ class GPT2Cuda final : public CudaModel {
   }
 
  private:
-  std::vector<NamedTensor> named(float* buffer, const std::string& prefix) const {
-    std::vector<NamedTensor> out;
-    out.reserve(layout_.size());
-    for (const TensorLayout& t : layout_) {
-      out.push_back(NamedTensor{prefix + t.name, t.shape, buffer + t.offset});
-    }
-    return out;
-  }
   const TensorLayout& block_tensor(int layer, BlockTensor index) const {
-    return layout_[2 + static_cast<size_t>(layer) * kBlockTensors + index];
+    return layout_.block(layer, index);
   }
-  bf16* param(const TensorLayout& t) const { return buf_.params + t.param_offset; }
+  bf16* param(const TensorLayout& t) const {
+    return buf_.params + working_copy_index(shape_, t.offset);
+  }
   float* grad(const TensorLayout& t) const { return buf_.grads + t.offset; }
   bf16* param(int layer, BlockTensor index) const { return param(block_tensor(layer, index)); }
   float* grad(int layer, BlockTensor index) const { return grad(block_tensor(layer, index)); }
@@ -451,8 +361,8 @@ class GPT2Cuda final : public CudaModel {
   GPT2Config config_;
   Shape shape_;
   CudaOptions options_;
-  std::vector<TensorLayout> layout_;
-  size_t num_params_ = 0;
+  ParameterLayout layout_;  // wte, wpe, blocks, ln_f; the fp32 buffers' layout
+  size_t num_params_;
   int num_chunks_ = 0;
   int64_t step_ = 0;
   uint64_t seed_ = 0;
@@ -487,14 +397,12 @@ class GPT2Cuda final : public CudaModel {
 };
 
 GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options)
-    : config_(config), shape_(make_shape(config, max_B, max_T, options)), options_(options) {
-  layout_ = make_layout(config_, shape_.Vp, &num_params_);
-  if (static_cast<int64_t>(num_params_) != config_.num_parameters()) {
-    throw Internal("CUDA GPT-2 layout has " + std::to_string(num_params_) +
-                   " parameters but the config computes " +
-                   std::to_string(config_.num_parameters()));
-  }
-  const std::vector<k::AdamWChunk> chunks = make_chunks(layout_);
+    : config_(config),
+      shape_(make_shape(config, max_B, max_T, options)),
+      options_(options),
+      layout_(config_),
+      num_params_(layout_.num_parameters()) {
+  const std::vector<k::AdamWChunk> chunks = make_chunks(layout_, shape_);
   num_chunks_ = static_cast<int>(chunks.size());
   try {
     LH_CUDA_CHECK(cudaSetDevice(options_.device));
@@ -551,27 +459,8 @@ void GPT2Cuda::release() noexcept {
 
 void GPT2Cuda::init_weights(uint64_t seed) {
   activate();
-  NormalGenerator normal(seed);
-  const float std_dev = 0.02f;
-  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
   std::vector<float> host(num_params_);
-  for (const TensorLayout& t : layout_) {
-    float* p = host.data() + t.offset;
-    switch (t.init) {
-      case TensorLayout::Init::kNormal:
-        for (size_t i = 0; i < t.numel; ++i) p[i] = std_dev * normal.next();
-        break;
-      case TensorLayout::Init::kResidualNormal:
-        for (size_t i = 0; i < t.numel; ++i) p[i] = residual_std * normal.next();
-        break;
-      case TensorLayout::Init::kZero:
-        std::fill(p, p + t.numel, 0.0f);
-        break;
-      case TensorLayout::Init::kOne:
-        std::fill(p, p + t.numel, 1.0f);
-        break;
-    }
-  }
+  layout_.init_weights(seed, host);
   wait_for_snapshot_on_device();
   const size_t bytes = num_params_ * sizeof(float);
   LH_CUDA_CHECK(cudaMemcpyAsync(buf_.master, host.data(), bytes, cudaMemcpyHostToDevice, stream_));
@@ -590,8 +479,8 @@ void GPT2Cuda::init_weights(uint64_t seed) {
 
 void GPT2Cuda::refresh_working_copy(size_t begin, size_t end) {
   // fp32 index i maps to bf16 index i inside wte (its first V rows) and to i + (Vp - V) * C
-  // after it.
-  const size_t wte_end = layout_[0].numel;
+  // after it (working_copy_index).
+  const size_t wte_end = layout_.wte().numel;
   const size_t shift = static_cast<size_t>(shape_.Vp - shape_.V) * shape_.C;
   if (begin < wte_end) {
     const size_t stop = std::min(end, wte_end);
@@ -664,10 +553,10 @@ void GPT2Cuda::forward(int B, int T) {
   const int C = shape_.C, NH = shape_.NH, L = shape_.L;
   const int N = B * T;
   k::Matmul& mm = *matmul_;
-  const TensorLayout& wte = layout_[0];
-  const TensorLayout& wpe = layout_[1];
-  const TensorLayout& lnf_w = layout_[layout_.size() - 2];
-  const TensorLayout& lnf_b = layout_[layout_.size() - 1];
+  const TensorLayout& wte = layout_.wte();
+  const TensorLayout& wpe = layout_.wpe();
+  const TensorLayout& lnf_w = layout_.lnf_weight();
+  const TensorLayout& lnf_b = layout_.lnf_bias();
 
   k::encoder_forward(buf_.encoded, buf_.inputs, param(wte), param(wpe), B, T, C, stream_);
   BlockActivations& first = buf_.blocks[0];
@@ -714,10 +603,10 @@ void GPT2Cuda::backward(int B, int T) {
   const int N = B * T;
   const long long NC = static_cast<long long>(N) * C;
   k::Matmul& mm = *matmul_;
-  const TensorLayout& wte = layout_[0];
-  const TensorLayout& wpe = layout_[1];
-  const TensorLayout& lnf_w = layout_[layout_.size() - 2];
-  const TensorLayout& lnf_b = layout_[layout_.size() - 1];
+  const TensorLayout& wte = layout_.wte();
+  const TensorLayout& wpe = layout_.wpe();
+  const TensorLayout& lnf_w = layout_.lnf_weight();
+  const TensorLayout& lnf_b = layout_.lnf_bias();
   bf16* dln = buf_.proj;         // (N, C) scratch
   bf16* datty = buf_.heads_out;  // (N, C) scratch
   bf16* dqkv = buf_.qkv;         // (N, 3C) scratch
@@ -981,11 +870,11 @@ int64_t cuda_gpt2_memory_bytes(const GPT2Config& config, int max_batch_size, int
                                const CudaOptions& options) {
   validate_for_cuda(config, max_batch_size, max_seq_len, options);
   const Shape shape = make_shape(config, max_batch_size, max_seq_len, options);
-  size_t num_params = 0;
-  const std::vector<TensorLayout> layout = make_layout(config, shape.Vp, &num_params);
+  const ParameterLayout layout(config);
   Buffers buffers;
   Carver measure(nullptr);
-  carve(measure, buffers, shape, num_params, make_chunks(layout).size(), options.recompute_gelu);
+  carve(measure, buffers, shape, layout.num_parameters(), make_chunks(layout, shape).size(),
+        options.recompute_gelu);
   return static_cast<int64_t>(measure.used() + k::Matmul::kDefaultWorkspaceBytes);
 }
 

@@ -1,12 +1,12 @@
-// CPU GPT-2: parameter layout, activations, forward, backward and AdamW over the CPU kernels.
+// CPU GPT-2: activations, forward, backward and AdamW over the CPU kernels, on the parameter
+// layout and initialisation shared with the CUDA backend (gpt2_layout.h).
 #include "longhaul/model/gpt2_cpu.h"
 
-#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <random>
+#include <utility>
 
 #include <longhaul/base/error.h>
 #include <longhaul/kernels/cpu/adamw.h>
@@ -18,6 +18,7 @@
 #include <longhaul/kernels/cpu/layernorm.h>
 #include <longhaul/kernels/cpu/matmul.h>
 #include <longhaul/kernels/cpu/residual.h>
+#include <longhaul/model/gpt2_layout.h>
 
 namespace longhaul::model {
 namespace {
@@ -56,35 +57,6 @@ class AlignedFloats {
   size_t size_ = 0;
 };
 
-// Indices of a block's tensors, in Hugging Face order.
-enum BlockTensor {
-  kLn1W,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kAttProjW,
-  kAttProjB,
-  kLn2W,
-  kLn2B,
-  kFcW,
-  kFcB,
-  kFcProjW,
-  kFcProjB,
-  kBlockTensors
-};
-constexpr std::array<const char*, kBlockTensors> kBlockTensorNames = {
-    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-
-struct TensorLayout {
-  std::string name;
-  std::vector<int64_t> shape;
-  size_t offset = 0;
-  size_t numel = 0;
-  enum class Init { kNormal, kResidualNormal, kZero, kOne } init = Init::kNormal;
-};
-
 // Activations of one block kept for the backward pass (pointers into one allocation).
 struct BlockActivations {
   float* ln1;        // (B, T, C)
@@ -100,31 +72,6 @@ struct BlockActivations {
   float* fch;        // (B, T, 4C)
   float* fch_gelu;   // (B, T, 4C)
   float* residual3;  // (B, T, C)
-};
-
-// Gaussian numbers from a 64-bit Mersenne Twister with an explicit Box-Muller transform, so the
-// initialisation is the same with every standard library.
-class NormalGenerator {
- public:
-  explicit NormalGenerator(uint64_t seed) : rng_(seed) {}
-  float next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return static_cast<float>(spare_);
-    }
-    const double u1 = (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
-    const double u2 = static_cast<double>(rng_() >> 11) * 0x1.0p-53;          // [0, 1)
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    const double theta = 2.0 * 3.14159265358979323846 * u2;
-    spare_ = r * std::sin(theta);
-    has_spare_ = true;
-    return static_cast<float>(r * std::cos(theta));
-  }
-
- private:
-  std::mt19937_64 rng_;
-  double spare_ = 0.0;
-  bool has_spare_ = false;
 };
 
 class CpuGPT2 final : public LanguageModel {
@@ -148,12 +95,9 @@ class CpuGPT2 final : public LanguageModel {
 
   std::span<float> parameters_flat() override { return {params_.data(), num_params_}; }
   std::span<float> gradients_flat() override { return {grads_.data(), num_params_}; }
-  std::vector<NamedTensor> named_parameters() override { return named(params_, ""); }
+  std::vector<NamedTensor> named_parameters() override { return layout_.named(params_.data()); }
   std::vector<NamedTensor> named_optimizer_state() override {
-    std::vector<NamedTensor> out = named(m_, "optimizer.exp_avg.");
-    std::vector<NamedTensor> v = named(v_, "optimizer.exp_avg_sq.");
-    out.insert(out.end(), v.begin(), v.end());
-    return out;
+    return layout_.named_optimizer_state(m_.data(), v_.data());
   }
   int64_t optimizer_step_count() const override { return step_; }
   void set_optimizer_step_count(int64_t steps) override {
@@ -164,20 +108,12 @@ class CpuGPT2 final : public LanguageModel {
   }
 
  private:
-  std::vector<NamedTensor> named(const AlignedFloats& buffer, const std::string& prefix) const {
-    std::vector<NamedTensor> out;
-    out.reserve(layout_.size());
-    for (const TensorLayout& t : layout_) {
-      out.push_back(NamedTensor{prefix + t.name, t.shape, buffer.data() + t.offset});
-    }
-    return out;
-  }
   // Pointer to tensor `index` of block `layer` inside `buffer`.
   float* block(const AlignedFloats& buffer, int layer, BlockTensor index) const {
-    return buffer.data() + layout_[2 + static_cast<size_t>(layer) * kBlockTensors + index].offset;
+    return at(buffer, layout_.block(layer, index));
   }
-  float* tensor(const AlignedFloats& buffer, size_t index) const {
-    return buffer.data() + layout_[index].offset;
+  static float* at(const AlignedFloats& buffer, const TensorLayout& t) {
+    return buffer.data() + t.offset;
   }
   void check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const;
   void forward(const int32_t* inputs, int B, int T);
@@ -186,9 +122,8 @@ class CpuGPT2 final : public LanguageModel {
 
   GPT2Config config_;
   int max_B_, max_T_;
-  std::vector<TensorLayout> layout_;  // wte, wpe, blocks..., ln_f.weight, ln_f.bias
-  size_t num_params_ = 0;
-  size_t wte_ = 0, wpe_ = 1, lnf_w_ = 0, lnf_b_ = 0;  // indices into layout_
+  ParameterLayout layout_;  // validates config_
+  size_t num_params_;
   AlignedFloats params_, grads_, m_, v_;
   int64_t step_ = 0;
 
@@ -212,8 +147,11 @@ class CpuGPT2 final : public LanguageModel {
 };
 
 CpuGPT2::CpuGPT2(const GPT2Config& config, int max_batch_size, int max_seq_len)
-    : config_(config), max_B_(max_batch_size), max_T_(max_seq_len) {
-  config_.validate();
+    : config_(config),
+      max_B_(max_batch_size),
+      max_T_(max_seq_len),
+      layout_(config_),
+      num_params_(layout_.num_parameters()) {
   if (max_B_ < 1) {
     throw InvalidArgument("max_batch_size = " + std::to_string(max_B_) + " must be >= 1");
   }
@@ -221,44 +159,7 @@ CpuGPT2::CpuGPT2(const GPT2Config& config, int max_batch_size, int max_seq_len)
     throw InvalidArgument("max_seq_len = " + std::to_string(max_T_) + " must be in [1, " +
                           std::to_string(config_.context_length) + "] (the context_length)");
   }
-  const int64_t V = config_.vocab_size, C = config_.n_embd, maxT = config_.context_length;
-  using Init = TensorLayout::Init;
-  auto add = [&](std::string name, std::vector<int64_t> shape, Init init) {
-    TensorLayout t{std::move(name), std::move(shape), num_params_, 1, init};
-    for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
-    num_params_ += t.numel;
-    layout_.push_back(std::move(t));
-  };
-  add("transformer.wte.weight", {V, C}, Init::kNormal);
-  add("transformer.wpe.weight", {maxT, C}, Init::kNormal);
-  for (int l = 0; l < config_.n_layer; ++l) {
-    const std::string p = "transformer.h." + std::to_string(l) + ".";
-    const std::array<std::pair<std::vector<int64_t>, Init>, kBlockTensors> specs = {{
-        {{C}, Init::kOne},
-        {{C}, Init::kZero},
-        {{C, 3 * C}, Init::kNormal},
-        {{3 * C}, Init::kZero},
-        {{C, C}, Init::kResidualNormal},
-        {{C}, Init::kZero},
-        {{C}, Init::kOne},
-        {{C}, Init::kZero},
-        {{C, 4 * C}, Init::kNormal},
-        {{4 * C}, Init::kZero},
-        {{4 * C, C}, Init::kResidualNormal},
-        {{C}, Init::kZero},
-    }};
-    for (int i = 0; i < kBlockTensors; ++i)
-      add(p + kBlockTensorNames[i], specs[i].first, specs[i].second);
-  }
-  lnf_w_ = layout_.size();
-  add("transformer.ln_f.weight", {C}, Init::kOne);
-  lnf_b_ = layout_.size();
-  add("transformer.ln_f.bias", {C}, Init::kZero);
-  if (static_cast<int64_t>(num_params_) != config_.num_parameters()) {
-    throw Internal("CPU GPT-2 layout has " + std::to_string(num_params_) +
-                   " parameters but the config computes " +
-                   std::to_string(config_.num_parameters()));
-  }
+  const int64_t V = config_.vocab_size, C = config_.n_embd;
   params_ = AlignedFloats(num_params_);
   grads_ = AlignedFloats(num_params_);
   m_ = AlignedFloats(num_params_);
@@ -317,26 +218,7 @@ CpuGPT2::CpuGPT2(const GPT2Config& config, int max_batch_size, int max_seq_len)
 }
 
 void CpuGPT2::init_weights(uint64_t seed) {
-  NormalGenerator normal(seed);
-  const float std_dev = 0.02f;
-  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
-  for (const TensorLayout& t : layout_) {
-    float* p = params_.data() + t.offset;
-    switch (t.init) {
-      case TensorLayout::Init::kNormal:
-        for (size_t i = 0; i < t.numel; ++i) p[i] = std_dev * normal.next();
-        break;
-      case TensorLayout::Init::kResidualNormal:
-        for (size_t i = 0; i < t.numel; ++i) p[i] = residual_std * normal.next();
-        break;
-      case TensorLayout::Init::kZero:
-        std::fill(p, p + t.numel, 0.0f);
-        break;
-      case TensorLayout::Init::kOne:
-        std::fill(p, p + t.numel, 1.0f);
-        break;
-    }
-  }
+  layout_.init_weights(seed, {params_.data(), num_params_});
   grads_.zero();
   m_.zero();
   v_.zero();
@@ -369,7 +251,8 @@ void CpuGPT2::forward(const int32_t* inputs, int B, int T) {
   const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
-  k::encoder_forward(encoded_, inputs, tensor(params_, wte_), tensor(params_, wpe_), B, T, C);
+  k::encoder_forward(encoded_, inputs, at(params_, layout_.wte()), at(params_, layout_.wpe()), B, T,
+                     C);
   for (int l = 0; l < config_.n_layer; ++l) {
     BlockActivations& a = blocks_[l];
     const float* residual = l == 0 ? encoded_ : blocks_[l - 1].residual3;
@@ -390,8 +273,8 @@ void CpuGPT2::forward(const int32_t* inputs, int B, int T) {
     k::residual_forward(a.residual3, a.residual2, proj_, NC);
   }
   k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, blocks_.back().residual3,
-                       tensor(params_, lnf_w_), tensor(params_, lnf_b_), N, C);
-  k::matmul_nt_forward(logits_, lnf_, tensor(params_, wte_), N, C, V);
+                       at(params_, layout_.lnf_weight()), at(params_, layout_.lnf_bias()), N, C);
+  k::matmul_nt_forward(logits_, lnf_, at(params_, layout_.wte()), N, C, V);
 }
 
 void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
@@ -402,11 +285,12 @@ void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
 
   // Classifier (tied to wte) and final layernorm. logits_ holds dlogits here.
   zero(dln_, NC);
-  k::matmul_nt_backward(dln_, tensor(grads_, wte_), logits_, lnf_, tensor(params_, wte_), N, C, V);
+  k::matmul_nt_backward(dln_, at(grads_, layout_.wte()), logits_, lnf_, at(params_, layout_.wte()),
+                        N, C, V);
   zero(dresidual_, NC);
-  k::layernorm_backward(dresidual_, tensor(grads_, lnf_w_), tensor(grads_, lnf_b_), dln_,
-                        blocks_.back().residual3, tensor(params_, lnf_w_), lnf_mean_, lnf_rstd_, N,
-                        C);
+  k::layernorm_backward(dresidual_, at(grads_, layout_.lnf_weight()),
+                        at(grads_, layout_.lnf_bias()), dln_, blocks_.back().residual3,
+                        at(params_, layout_.lnf_weight()), lnf_mean_, lnf_rstd_, N, C);
   // Gradient-ready notifications (language_model.h): ln_f, then each block as it completes, then
   // wte + wpe after the embedding backward. `ready_end` is where the last reported range began.
   size_t ready_end = num_params_;
@@ -414,7 +298,7 @@ void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
     report_gradients_ready(begin, ready_end);
     ready_end = begin;
   };
-  report_down_to(layout_[lnf_w_].offset);
+  report_down_to(layout_.lnf_weight().offset);
   // Blocks in reverse. dresidual_ holds d(block output) on entry and d(block input) on exit:
   // each residual add passes the gradient through, and each layernorm backward accumulates into it.
   for (int l = config_.n_layer - 1; l >= 0; --l) {
@@ -440,9 +324,10 @@ void CpuGPT2::backward(const int32_t* inputs, int B, int T) {
                        block(params_, l, kQkvW), N, C, 3 * C);
     k::layernorm_backward(dresidual_, block(grads_, l, kLn1W), block(grads_, l, kLn1B), dln_,
                           residual, block(params_, l, kLn1W), a.ln1_mean, a.ln1_rstd, N, C);
-    report_down_to(layout_[2 + static_cast<size_t>(l) * kBlockTensors].offset);
+    report_down_to(layout_.block(l, kLn1W).offset);
   }
-  k::encoder_backward(tensor(grads_, wte_), tensor(grads_, wpe_), dresidual_, inputs, B, T, C);
+  k::encoder_backward(at(grads_, layout_.wte()), at(grads_, layout_.wpe()), dresidual_, inputs, B,
+                      T, C);
   report_down_to(0);
 }
 
