@@ -341,7 +341,6 @@ class GPT2Cuda final : public CudaModel {
   bf16* param(int layer, BlockTensor index) const { return param(block_tensor(layer, index)); }
   float* grad(int layer, BlockTensor index) const { return grad(block_tensor(layer, index)); }
 
-  void check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const;
   void upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T);
   // Groups the inputs by token for the embedding backward and queues the upload; called while
   // the GPU runs the forward pass.
@@ -494,28 +493,6 @@ void GPT2Cuda::refresh_working_copy(size_t begin, size_t end) {
   }
 }
 
-void GPT2Cuda::check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const {
-  if (B < 1 || B > shape_.B) {
-    throw InvalidArgument("batch size B = " + std::to_string(B) + " is outside [1, " +
-                          std::to_string(shape_.B) + "] (the model's max_batch_size)");
-  }
-  if (T < 1 || T > shape_.T) {
-    throw InvalidArgument("sequence length T = " + std::to_string(T) + " is outside [1, " +
-                          std::to_string(shape_.T) + "] (the model's max_seq_len)");
-  }
-  const int V = config_.vocab_size;
-  for (const auto& [tokens, what] : {std::pair{inputs, "input"}, std::pair{targets, "target"}}) {
-    for (int i = 0; i < B * T; ++i) {
-      if (tokens[i] < 0 || tokens[i] >= V) {
-        throw InvalidArgument(std::string(what) + " token id " + std::to_string(tokens[i]) +
-                              " at (b=" + std::to_string(i / T) + ", t=" + std::to_string(i % T) +
-                              ") is outside [0, " + std::to_string(V) +
-                              "): the data's vocabulary does not match the model's vocab_size");
-      }
-    }
-  }
-}
-
 void GPT2Cuda::upload_tokens(const int32_t* inputs, const int32_t* targets, int B, int T) {
   // The pinned staging area is free: every previous call ended with a stream synchronisation.
   const size_t N = static_cast<size_t>(B) * T;
@@ -659,7 +636,7 @@ float GPT2Cuda::mean_loss(int N) {
 float GPT2Cuda::forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                  float loss_scale) {
   activate();
-  check_inputs(inputs, targets, B, T);
+  check_batch(inputs, targets, B, T);
   const int N = B * T;
   upload_tokens(inputs, targets, B, T);
   forward(B, T);
@@ -672,7 +649,7 @@ float GPT2Cuda::forward_backward(const int32_t* inputs, const int32_t* targets, 
 
 float GPT2Cuda::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
   activate();
-  check_inputs(inputs, targets, B, T);
+  check_batch(inputs, targets, B, T);
   const int N = B * T;
   upload_tokens(inputs, targets, B, T);
   forward(B, T);

@@ -115,7 +115,6 @@ class CpuGPT2 final : public LanguageModel {
   static float* at(const AlignedFloats& buffer, const TensorLayout& t) {
     return buffer.data() + t.offset;
   }
-  void check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const;
   void forward(const int32_t* inputs, int B, int T);
   void backward(const int32_t* inputs, int B, int T);
   float mean_loss(int N) const;
@@ -225,28 +224,6 @@ void CpuGPT2::init_weights(uint64_t seed) {
   step_ = 0;
 }
 
-void CpuGPT2::check_inputs(const int32_t* inputs, const int32_t* targets, int B, int T) const {
-  if (B < 1 || B > max_B_) {
-    throw InvalidArgument("batch size B = " + std::to_string(B) + " is outside [1, " +
-                          std::to_string(max_B_) + "] (the model's max_batch_size)");
-  }
-  if (T < 1 || T > max_T_) {
-    throw InvalidArgument("sequence length T = " + std::to_string(T) + " is outside [1, " +
-                          std::to_string(max_T_) + "] (the model's max_seq_len)");
-  }
-  const int V = config_.vocab_size;
-  for (const auto& [tokens, what] : {std::pair{inputs, "input"}, std::pair{targets, "target"}}) {
-    for (int i = 0; i < B * T; ++i) {
-      if (tokens[i] < 0 || tokens[i] >= V) {
-        throw InvalidArgument(std::string(what) + " token id " + std::to_string(tokens[i]) +
-                              " at (b=" + std::to_string(i / T) + ", t=" + std::to_string(i % T) +
-                              ") is outside [0, " + std::to_string(V) +
-                              "): the data's vocabulary does not match the model's vocab_size");
-      }
-    }
-  }
-}
-
 void CpuGPT2::forward(const int32_t* inputs, int B, int T) {
   const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
   const int N = B * T;
@@ -339,7 +316,7 @@ float CpuGPT2::mean_loss(int N) const {
 
 float CpuGPT2::forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                 float loss_scale) {
-  check_inputs(inputs, targets, B, T);
+  check_batch(inputs, targets, B, T);
   const int N = B * T;
   forward(inputs, B, T);
   k::crossentropy_forward_backward(losses_, logits_, targets, loss_scale / static_cast<float>(N), N,
@@ -349,7 +326,7 @@ float CpuGPT2::forward_backward(const int32_t* inputs, const int32_t* targets, i
 }
 
 float CpuGPT2::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
-  check_inputs(inputs, targets, B, T);
+  check_batch(inputs, targets, B, T);
   const int N = B * T;
   forward(inputs, B, T);
   k::crossentropy_forward(losses_, logits_, targets, N, config_.vocab_size);

@@ -135,6 +135,10 @@ class LanguageModel {
   virtual bool reports_gradients_per_layer() const { return false; }
 
  protected:
+  // The argument checks forward_backward / forward_loss promise (B, T against max_batch_size()
+  // / max_seq_len(), every token id in [0, vocab_size)); InvalidArgument naming the value.
+  void check_batch(const int32_t* inputs, const int32_t* targets, int B, int T) const;
+
   // For backends that report: invokes the callback (if set) for [begin, end).
   void report_gradients_ready(size_t begin, size_t end) {
     if (gradient_ready_callback_) gradient_ready_callback_(begin, end);
