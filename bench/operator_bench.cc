@@ -23,15 +23,13 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "longhaul/fakeapi/server.h"
+#include "longhaul/testing/loopback.h"
 
 namespace {
 
@@ -39,38 +37,6 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 constexpr const char* kJobs = "trainingjobs.longhaul.dev";
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string http_get(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  [[maybe_unused]] ssize_t w = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string resp;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, n);
-  ::close(fd);
-  const auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
 
 // histogram_quantile over cumulative buckets {le -> count}.
 double quantile(const std::map<double, double>& buckets, double q) {
@@ -152,7 +118,8 @@ int main(int argc, char** argv) {
     }
   });
 
-  const int metrics_port = free_port(), health_port = free_port();
+  const int metrics_port = longhaul::testing::free_loopback_port(),
+            health_port = longhaul::testing::free_loopback_port();
   const auto t0 = std::chrono::steady_clock::now();
   server.clear_requests();
   const pid_t pid = fork();
@@ -192,7 +159,7 @@ int main(int argc, char** argv) {
   // Let the tail drain (the no-op reconciles that follow the last status writes, their Events)
   // before the idle window: the operator's work-queue depth must read 0 twice, 1 s apart.
   auto queue_depth = [&] {
-    std::istringstream m(http_get(metrics_port, "/metrics"));
+    std::istringstream m(longhaul::testing::http_get(metrics_port, "/metrics").body);
     for (std::string line; std::getline(m, line);) {
       if (line.rfind("longhaul_operator_workqueue_depth ", 0) == 0) {
         return std::stod(line.substr(line.rfind(' ') + 1));
@@ -215,7 +182,7 @@ int main(int argc, char** argv) {
   // Reconcile latency from the operator's own histogram.
   std::map<double, double> buckets;
   double reconciles = 0;
-  std::istringstream metrics(http_get(metrics_port, "/metrics"));
+  std::istringstream metrics(longhaul::testing::http_get(metrics_port, "/metrics").body);
   for (std::string line; std::getline(metrics, line);) {
     const std::string prefix = "longhaul_operator_reconcile_duration_seconds_bucket{le=\"";
     if (line.rfind(prefix, 0) == 0) {

@@ -3,63 +3,24 @@
 #include <filesystem>
 #include <fstream>
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "longhaul/testing/loopback.h"
 
 namespace longhaul::testing {
 namespace {
 
 namespace fs = std::filesystem;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// GET http://127.0.0.1:<port><path>; returns {status, body}, status 0 when unreachable.
-std::pair<int, std::string> http_get(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return {0, ""};
-  }
-  const std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  [[maybe_unused]] ssize_t w = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string resp;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, n);
-  ::close(fd);
-  if (resp.size() < 12) return {0, ""};
-  const auto body = resp.find("\r\n\r\n");
-  return {std::stoi(resp.substr(9, 3)), body == std::string::npos ? "" : resp.substr(body + 4)};
-}
-
 class OperatorProcess {
  public:
   OperatorProcess(const fs::path& dir, const std::string& name, std::vector<std::string> args)
-      : metrics_port_(free_port()), health_port_(free_port()) {
+      : metrics_port_(testing::free_loopback_port()), health_port_(testing::free_loopback_port()) {
     args.insert(args.begin(), LONGHAUL_OPERATOR_BINARY);
     args.push_back("--kubeconfig=" + (dir / "kubeconfig").string());
     args.push_back("--metrics-port=" + std::to_string(metrics_port_));
@@ -100,8 +61,8 @@ class OperatorProcess {
     }
     return -1;
   }
-  std::string metrics() { return http_get(metrics_port_, "/metrics").second; }
-  int health(const std::string& path) { return http_get(health_port_, path).first; }
+  std::string metrics() { return testing::http_get(metrics_port_, "/metrics").body; }
+  int health(const std::string& path) { return testing::http_get(health_port_, path).status; }
   std::string log() {
     std::ifstream in(log_);
     return std::string(std::istreambuf_iterator<char>(in), {});

@@ -6,15 +6,12 @@
 #include <fstream>
 #include <thread>
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <nlohmann/json.hpp>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "longhaul/data/token_shard.h"
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/loopback.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -430,44 +427,15 @@ TEST_F(WorkerCliTest, PrepareDataThenTrainEvalAndInspect) {
   EXPECT_EQ(run_worker({"inspect", "no_such_logdir"}, dir_).exit_code, 2);
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string http_get(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string body;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
-    (void)!::write(fd, req.data(), req.size());
-    char buf[8192];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) body.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return body;
-}
-
 TEST_F(WorkerCliTest, ServesPrometheusMetricsWhileTraining) {
   write_text(dir_ / "long.yaml", small_model_config(100000, 50));
-  // free_port() can lose a race with a parallel test that binds the same port between our probe
-  // and the worker's bind; the worker then exits 1 naming the port. Retry with another port then.
+  // free_loopback_port() can lose a race with a parallel test that binds the same port between our
+  // probe and the worker's bind; the worker then exits 1 naming the port. Retry with another port
+  // then.
   int port = 0;
   std::unique_ptr<WorkerProcess> worker;
   for (int attempt = 0; attempt < 5; ++attempt) {
-    port = free_port();
+    port = testing::free_loopback_port();
     worker = std::make_unique<WorkerProcess>(
         std::vector<std::string>{"train", "--config", "long.yaml", "--logdir", "run",
                                  "--metrics-port", std::to_string(port)},
@@ -485,7 +453,7 @@ TEST_F(WorkerCliTest, ServesPrometheusMetricsWhileTraining) {
   // Poll until a checkpoint has been counted (or the deadline passes).
   while ((body.empty() || contains(body, "longhaul_checkpoint_saves_total{rank=\"0\"} 0\n")) &&
          std::chrono::steady_clock::now() < deadline) {
-    body = http_get(port);
+    body = testing::http_get(port, "/metrics").body;
     std::this_thread::sleep_for(20ms);
   }
   for (const char* name :

@@ -2,13 +2,10 @@
 // a real scrape over HTTP.
 #include "longhaul/worker_metrics/worker_metrics.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/testing/loopback.h"
 
 namespace longhaul::worker_metrics {
 namespace {
@@ -82,32 +79,12 @@ TEST(WorkerMetricsTest, ARestartedWorkerShowsTheCheckpointItRestoredFrom) {
   }
 }
 
-std::string http_get(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!::write(fd, req.data(), req.size());
-  std::string body;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) body.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return body;
-}
-
 TEST(WorkerMetricsTest, ServesMetricsOverHttp) {
   WorkerMetrics m(0, false, "0.1.0", "cpu");
   m.serve(0);  // civetweb picks a free port for "0"
   ASSERT_GT(m.port(), 0);
   m.on_step(1, 1.0, 1.0, 1.0, 10, 1.0);
-  const std::string body = http_get(m.port(), "/metrics");
+  const std::string body = testing::http_get(m.port(), "/metrics").body;
   EXPECT_NE(body.find("longhaul_train_steps_total{rank=\"0\"} 1"), std::string::npos) << body;
   EXPECT_NE(body.find("longhaul_worker_is_chief{rank=\"0\"} 0"), std::string::npos) << body;
 }

@@ -1,0 +1,66 @@
+// Loopback helpers for tests and benchmarks that talk to a server they started: a free port to
+// hand it, and a plain HTTP GET of what it serves (/metrics, probes). Header-only; every test
+// built with longhaul_add_test (and the benchmarks) has tests/support on its include path.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+namespace longhaul::testing {
+
+// A TCP port on 127.0.0.1 that the kernel reported free a moment ago. Racy by nature (another
+// process may bind it before the server does): callers that can, retry on a bind failure.
+inline int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct HttpResponse {
+  int status = 0;  // 0: nothing listening, or no HTTP reply
+  std::string body;
+};
+
+// GET http://127.0.0.1:<port><path> (HTTP/1.1, Connection: close); gives up on a reply that
+// stalls for 5 s.
+inline HttpResponse http_get(int port, std::string_view path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {};
+  }
+  const std::string request =
+      "GET " + std::string(path) + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  [[maybe_unused]] const ssize_t sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string reply;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  // "HTTP/1.1 200 OK\r\n...\r\n\r\n<body>"
+  if (reply.size() < 12 || reply.compare(0, 5, "HTTP/") != 0) return {};
+  const size_t header_end = reply.find("\r\n\r\n");
+  return {std::stoi(reply.substr(9, 3)),
+          header_end == std::string::npos ? std::string() : reply.substr(header_end + 4)};
+}
+
+}  // namespace longhaul::testing
