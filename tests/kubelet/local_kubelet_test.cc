@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 const char* kLongRunning = "trap 'exit 143' TERM; echo ready; while :; do sleep 0.05; done";
 // A process that ignores SIGTERM: only SIGKILL stops it. One process (exec sleep), so no shell
 // fork window can let a TERM through.
-const char* kIgnoresTerm = "trap '' TERM; echo ready; exec sleep 600";
+const char* kIgnoresTerm = "sleep 0.5; trap '' TERM; echo ready; exec sleep 600";
 
 json pod_manifest(const std::string& name, const std::string& script,
                   const std::string& restart_policy = "Never", int grace = 30) {
@@ -92,9 +92,16 @@ class LocalKubeletTest : public ::testing::Test {
         .at("state")
         .value("terminated", json(nullptr));
   }
+  // What the pod's process printed. The kubelet's own lines in the same file are left out: its
+  // "starting pod" line quotes the command, so a wait for "ready" would otherwise match the
+  // script text `echo ready` before the shell has even set its trap.
   std::string log_of(const std::string& name) {
     std::ifstream in(kubelet->log_path("default", name));
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    std::string out, line;
+    while (std::getline(in, line)) {
+      if (!line.starts_with("[local-kubelet]")) out += line + "\n";
+    }
+    return out;
   }
   bool wait_log(const std::string& name, const std::string& needle) {
     // Log lines reach the file without an API event: re-check on every local change and at
