@@ -52,7 +52,8 @@ int run_train(const TrainArgs& args) {
 
   // 2. Metrics.
   const int port = args.metrics_port >= 0 ? args.metrics_port : run.config.metrics_port;
-  // build_info's backend: the device this run trains on.
+  // build_info's backend: the device this run asks for; on_model corrects it once the model
+  // exists (`device: auto` falls back to the CPU when the GPU fails at start).
   std::string why_not;
   const bool on_cuda = run.config.device == "cuda" ||
                        (run.config.device == "auto" && backend_cuda::cuda_available(&why_not));
@@ -65,6 +66,9 @@ int run_train(const TrainArgs& args) {
   run.checkpoint_listeners.push_back(&metrics);
   run.on_step = [&](const trainer::StepStats& s) {
     metrics.on_step(s.step, s.loss, s.learning_rate, s.grad_norm, s.tokens, s.seconds);
+  };
+  run.on_model = [&](const model::LanguageModel& m) {
+    metrics.set_backend(std::string(m.device_name()));
   };
   run.on_session_start = [&](int64_t step, bool) { metrics.set_global_step(step); };
 

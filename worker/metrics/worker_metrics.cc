@@ -2,6 +2,7 @@
 #include "longhaul/worker_metrics/worker_metrics.h"
 
 #include <prometheus/counter.h>
+#include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -36,7 +37,7 @@ prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& constant
 
 WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version,
                              const std::string& backend)
-    : registry_(std::make_shared<prometheus::Registry>()) {
+    : registry_(std::make_shared<prometheus::Registry>()), version_(version), backend_(backend) {
   auto& r = *registry_;
   const Labels c{{"rank", std::to_string(rank)}};
   const prometheus::Histogram::BucketBoundaries step_buckets{
@@ -72,10 +73,23 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   ckpt_restores_ =
       counter(r, c, "longhaul_checkpoint_restores_total", "Checkpoints restored by this process.");
   is_chief_ = gauge(r, c, "longhaul_worker_is_chief", "1 on the chief replica, else 0.");
-  build_info_ = gauge(r, c, "longhaul_worker_build_info", "Build of the worker (value 1).",
-                      {{"version", version}, {"backend", backend}});
+  build_info_family_ = &prometheus::BuildGauge()
+                            .Name("longhaul_worker_build_info")
+                            .Help("Build of the worker and the device it trains on (value 1).")
+                            .Labels(c)
+                            .Register(r);
+  build_info_ = &build_info_family_->Add({{"version", version}, {"backend", backend}});
   is_chief_->Set(is_chief ? 1 : 0);
   build_info_->Set(1);
+}
+
+void WorkerMetrics::set_backend(const std::string& backend) {
+  std::lock_guard lock(build_info_mu_);
+  if (backend == backend_) return;
+  build_info_family_->Remove(build_info_);
+  build_info_ = &build_info_family_->Add({{"version", version_}, {"backend", backend}});
+  build_info_->Set(1);
+  backend_ = backend;
 }
 
 // server_ is declared after registry_, so it is stopped and joined before the registry goes.

@@ -2,6 +2,10 @@
 // a real scrape over HTTP.
 #include "longhaul/worker_metrics/worker_metrics.h"
 
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
@@ -56,6 +60,23 @@ TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
   EXPECT_NE(t.find("longhaul_worker_build_info{"), std::string::npos);
   EXPECT_NE(t.find("version=\"0.1.0\""), std::string::npos);
   EXPECT_NE(t.find("backend=\"cpu\""), std::string::npos);
+}
+
+TEST(WorkerMetricsTest, TheBackendLabelFollowsTheDeviceTheModelLandedOn) {
+  // Asked for a GPU (`device: auto`), fell back to the CPU: one build_info series, the true one.
+  WorkerMetrics m(0, true, "0.1.0", "cuda");
+  m.set_backend("cpu");
+  m.set_backend("cpu");  // unchanged: nothing re-registered
+  const std::string t = m.text();
+  std::vector<std::string> series;
+  std::istringstream lines(t);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("longhaul_worker_build_info{")) series.push_back(line);
+  }
+  ASSERT_EQ(series.size(), 1u) << t;
+  EXPECT_NE(series[0].find("backend=\"cpu\""), std::string::npos) << series[0];
+  EXPECT_NE(series[0].find("version=\"0.1.0\""), std::string::npos) << series[0];
+  EXPECT_TRUE(series[0].ends_with("} 1")) << series[0];
 }
 
 TEST(WorkerMetricsTest, ARestartedWorkerShowsTheCheckpointItRestoredFrom) {

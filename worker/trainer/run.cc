@@ -129,6 +129,7 @@ RunResult run_training(const RunOptions& options) {
         (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
         ": device " + config.device + ": " + e.what());
   }
+  if (options.on_model) options.on_model(*model);
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
   if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);

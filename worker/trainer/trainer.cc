@@ -156,12 +156,21 @@ std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
                                                  const model::GPT2Config& shape) {
   const int B = static_cast<int>(config.training.batch_size);
   const int T = static_cast<int>(config.training.seq_len);
-  std::string why;
-  if (config.device == "cuda" || (config.device == "auto" && backend_cuda::cuda_available(&why))) {
-    return backend_cuda::make_cuda_gpt2(shape, B, T);
-  }
+  if (config.device == "cuda") return backend_cuda::make_cuda_gpt2(shape, B, T);
   if (config.device == "auto") {
-    LH_LOG(INFO) << "training on CPU" << kv("why_not_cuda", why);
+    // A GPU when one is usable; otherwise (none visible, or it fails at start: out of memory, a
+    // broken context, a shape the kernels do not take) the CPU, and the user is told why.
+    std::string why;
+    if (backend_cuda::cuda_available(&why)) {
+      try {
+        return backend_cuda::make_cuda_gpt2(shape, B, T);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+    }
+    LH_LOG(WARNING) << "device auto: no usable GPU, training on CPU (device: cpu silences this, "
+                       "device: cuda makes it an error)"
+                    << kv("why", why);
   }
   return model::make_cpu_gpt2(shape, B, T);
 }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "longhaul/supervisor/checkpoint.h"
@@ -30,6 +31,8 @@ class Server;
 namespace prometheus {
 class Registry;
 class Gauge;
+template <typename T>
+class Family;
 class Counter;
 class Histogram;
 }  // namespace prometheus
@@ -55,6 +58,9 @@ class WorkerMetrics : public supervisor::CheckpointListener {
                double seconds);
   // The session started at `step` (restored or initialised).
   void set_global_step(int64_t step);
+  // The device the model actually trains on, once it exists (`device: auto` may have fallen
+  // back to "cpu"): replaces build_info's backend label, so exactly one series remains.
+  void set_backend(const std::string& backend);
 
   // supervisor::CheckpointListener
   void on_saved(const supervisor::CheckpointStats& stats) override;
@@ -83,6 +89,10 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   prometheus::Counter* ckpt_saves_;
   prometheus::Counter* ckpt_restores_;
   prometheus::Gauge* is_chief_;
+  std::string version_;
+  std::mutex build_info_mu_;  // guards the two below (set_backend vs itself)
+  std::string backend_;
+  prometheus::Family<prometheus::Gauge>* build_info_family_;
   prometheus::Gauge* build_info_;
 };
 

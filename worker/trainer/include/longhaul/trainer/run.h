@@ -35,6 +35,9 @@ struct RunOptions {
   int world_size = 1;
   // Called after every optimizer step (metrics).
   std::function<void(const StepStats&)> on_step;
+  // Called once the model exists, before the session: model.device_name() is where it trains
+  // ("cuda", or "cpu" also when `device: auto` fell back).
+  std::function<void(const model::LanguageModel&)> on_model;
   // Called once the session is ready (restored or initialised) with the starting step.
   std::function<void(int64_t step, bool restored)> on_session_start;
   // Observers of checkpoint saves/restores (metrics); not owned.

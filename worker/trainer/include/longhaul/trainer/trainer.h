@@ -53,8 +53,8 @@ class CheckpointError : public Error {
 };
 
 // Creates the model on the device the config asks for: `cpu`; `cuda` (Unavailable when this
-// build or machine has no usable GPU); `auto` = cuda when available, else cpu with an INFO line
-// saying why.
+// build or machine has no usable GPU, or whatever error the GPU gives at start); `auto` = cuda
+// when a GPU is usable and the CUDA model starts on it, else cpu with a WARNING saying why.
 std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
                                                  const model::GPT2Config& shape);
 
