@@ -143,6 +143,11 @@ struct FakeApiServer::Impl {
   std::condition_variable sleep_cv;
 
   mutable std::mutex log_mu;  // guards log
+  // Held by an HTTP write from before it touches the store until its request is logged, and by
+  // the in-process readers (get, try_get, list): a test that sees a write's effect also finds
+  // the write in requests(). Without it a test could count the writes before the one it had
+  // just seen was logged.
+  mutable std::mutex commit_mu;
   std::vector<RequestRecord> log;
 
   mutable std::mutex fault_mu;  // guards the fields below
@@ -425,6 +430,8 @@ void FakeApiServer::Impl::handle(const http::Request& request, http::Connection&
       serve_watch(request, r, connection, record);
       return;  // logged when the stream started
     } else {
+      std::unique_lock<std::mutex> commit(commit_mu, std::defer_lock);
+      if (record.write) commit.lock();
       serve_resource(request, r, connection, record);
     }
   } catch (const StatusError& error) {
@@ -834,6 +841,7 @@ void FakeApiServer::write_kubeconfig(const std::filesystem::path& path, std::str
 
 json FakeApiServer::get(std::string_view resource, std::string_view ns,
                         std::string_view name) const {
+  std::lock_guard<std::mutex> commit(impl_->commit_mu);
   return impl_->store.get(impl_->store.resolve(resource), std::string(ns), std::string(name));
 }
 
@@ -851,6 +859,7 @@ std::vector<json> FakeApiServer::list(std::string_view resource, std::string_vie
                                       std::string_view label_selector,
                                       std::string_view field_selector) const {
   ResourceType type = impl_->store.resolve(resource);
+  std::lock_guard<std::mutex> commit(impl_->commit_mu);
   return impl_->store
       .list(type, std::string(ns), LabelSelector::parse(label_selector),
             FieldSelector::parse(field_selector, type), 0, "", "", "")

@@ -687,6 +687,33 @@ TEST_F(FakeApiTest, ConcurrentClientsGetUniqueVersionsAndConflictsNotLostUpdates
       << "no update was lost (" << conflicts << " conflicts retried)";
 }
 
+TEST_F(FakeApiTest, AWriteSeenInTheStoreIsAlreadyInTheRequestLog) {
+  // Tests count a client's writes after seeing their effect ("nothing was written since"); the
+  // count must include the write they just saw, even while the server is still answering it.
+  constexpr int kPatches = 1000;
+  create_pod("counter", {{"n", "0"}});
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    TestHttpClient client(server_->port());
+    for (int i = 1; i <= kPatches; ++i) {
+      client.patch(kPods + "/counter", {{"metadata", {{"labels", {{"n", std::to_string(i)}}}}}});
+    }
+    done = true;
+  });
+  int checks = 0, behind = 0;
+  while (!done) {
+    const json counter = server_->get("pods", "default", "counter");
+    const size_t seen = std::stoul(counter["metadata"]["labels"]["n"].get<std::string>());
+    const size_t logged = server_->count_requests({.verb = "patch", .name = "counter"});
+    ++checks;
+    if (logged < seen) ++behind;
+  }
+  writer.join();
+  EXPECT_EQ(behind, 0) << "of " << checks << " reads, " << behind
+                       << " saw a patch the request log did not have yet";
+  EXPECT_EQ(server_->count_requests({.verb = "patch", .name = "counter"}), size_t{kPatches});
+}
+
 TEST_F(FakeApiTest, WaitForWakesOnStoreChangesWithoutPolling) {
   std::thread writer([&] {
     TestHttpClient client(server_->port());

@@ -32,7 +32,8 @@
 //
 // Thread-safety: every public member is safe to call from any thread while the server runs
 // (one store mutex; fault settings under their own mutex). start()/stop() must not race each
-// other.
+// other. A write made over HTTP is in requests() by the time get()/try_get()/list() show its
+// effect, so "no write since I saw X" can be checked with count_requests().
 #pragma once
 
 #include <chrono>
