@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -52,6 +53,21 @@ class Failure(Exception):
 
 
 def free_port() -> int:
+    """A port free a moment ago, drawn from below the kernel's ephemeral range so that the
+    outgoing connections of tests running in parallel cannot take it before our server binds."""
+    try:
+        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(100 if low - 10000 >= 1000 else 0):
+        port = rng.randint(10000, low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

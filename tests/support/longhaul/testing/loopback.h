@@ -3,6 +3,8 @@
 // built with longhaul_add_test (and the benchmarks) has tests/support on its include path.
 #pragma once
 
+#include <fstream>
+#include <random>
 #include <string>
 #include <string_view>
 
@@ -14,9 +16,37 @@
 
 namespace longhaul::testing {
 
-// A TCP port on 127.0.0.1 that the kernel reported free a moment ago. Racy by nature (another
-// process may bind it before the server does): callers that can, retry on a bind failure.
+// A TCP port on 127.0.0.1 that was free a moment ago. Racy by nature (another process may bind
+// it before the server does), so it is drawn at random from below the kernel's ephemeral range
+// (ip_local_port_range): the outgoing connections of tests running in parallel, which take
+// ephemeral ports, can never grab it between this probe and the server's bind. Only another
+// explicit picker could, and callers that can still retry on a bind failure.
 inline int free_loopback_port() {
+  auto can_bind = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    return ok;
+  };
+  int ephemeral_low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) {
+    range >> ephemeral_low;
+  }
+  constexpr int kFirst = 10000;
+  if (ephemeral_low - kFirst >= 1000) {
+    std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
+    std::uniform_int_distribution<int> pick(kFirst, ephemeral_low - 1);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      const int port = pick(rng);
+      if (can_bind(port)) return port;
+    }
+  }
+  // An unusual port range: whatever ephemeral port the kernel hands out.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
