@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <longhaul/base/error.h>
+
+#include "longhaul/testing/loopback.h"
 
 namespace longhaul::kubelet {
 namespace {
@@ -26,22 +26,13 @@ bool is_path_char(char c) {
          c == '/' || c == '~';
 }
 
-// A free TCP port of 127.0.0.1 (bound, read back, released).
+// A free TCP port of 127.0.0.1, from below the ephemeral range (see free_loopback_port): the
+// pod binds it later, and no outgoing connection can take it meanwhile.
 int free_local_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Unavailable("local kubelet: cannot create a socket to pick a free port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    throw Unavailable("local kubelet: cannot bind 127.0.0.1:0 to pick a free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  const int port = testing::free_loopback_port();
+  if (port <= 0)
+    throw Unavailable("local kubelet: cannot bind a socket on 127.0.0.1 to pick a port");
+  return port;
 }
 
 // metadata.labels['a.b/c'] -> the label's value.
@@ -98,7 +89,7 @@ int PortMap::port_for(const std::string& address) {
   if (next_ > 0) {
     port = next_++;
   } else {
-    // A fresh ephemeral port that no other address of this map holds.
+    // A free port that no other address of this map holds.
     do {
       port = free_local_port();
     } while (std::any_of(ports_.begin(), ports_.end(),

@@ -429,9 +429,9 @@ TEST_F(WorkerCliTest, PrepareDataThenTrainEvalAndInspect) {
 
 TEST_F(WorkerCliTest, DeviceCudaWithoutAGpuIsAClearErrorAndWritesNothing) {
   // CUDA_VISIBLE_DEVICES="" hides every GPU, so this holds on GPU machines too.
-  RunOutput r = run_worker(
-      {"train", "--config", "small.yaml", "--logdir", "run", "--set", "device=cuda"}, dir_, 120s,
-      {{"CUDA_VISIBLE_DEVICES", ""}});
+  RunOutput r =
+      run_worker({"train", "--config", "small.yaml", "--logdir", "run", "--set", "device=cuda"},
+                 dir_, 120s, {{"CUDA_VISIBLE_DEVICES", ""}});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "small.yaml")) << r.err;
   EXPECT_TRUE(contains(r.err, "device cuda")) << r.err;
@@ -441,9 +441,9 @@ TEST_F(WorkerCliTest, DeviceCudaWithoutAGpuIsAClearErrorAndWritesNothing) {
 
 TEST_F(WorkerCliTest, DeviceAutoTrainsOnTheCpuWithAWarningWhenNoGpuCanRunTheModel) {
   // Hidden GPUs: the CPU, with a warning that says why and how to silence it.
-  RunOutput hidden = run_worker({"train", "--config", "small.yaml", "--logdir", "hidden", "--set",
-                                 "device=auto"},
-                                dir_, 120s, {{"CUDA_VISIBLE_DEVICES", ""}});
+  RunOutput hidden =
+      run_worker({"train", "--config", "small.yaml", "--logdir", "hidden", "--set", "device=auto"},
+                 dir_, 120s, {{"CUDA_VISIBLE_DEVICES", ""}});
   ASSERT_EQ(hidden.exit_code, 0) << hidden.out << hidden.err;
   EXPECT_TRUE(contains(hidden.err, "WARN")) << hidden.err;
   EXPECT_TRUE(contains(hidden.err, "device auto: no usable GPU, training on CPU")) << hidden.err;
@@ -454,8 +454,7 @@ TEST_F(WorkerCliTest, DeviceAutoTrainsOnTheCpuWithAWarningWhenNoGpuCanRunTheMode
   // is the GPU failing at start; without one, the warning names the missing GPU. Either way the
   // run trains on the CPU instead of failing.
   RunOutput odd = run_worker({"train", "--config", "small.yaml", "--logdir", "odd", "--set",
-                              "device=auto", "--set", "model.n_embd=36", "--set",
-                              "model.n_head=3"},
+                              "device=auto", "--set", "model.n_embd=36", "--set", "model.n_head=3"},
                              dir_);
   ASSERT_EQ(odd.exit_code, 0) << odd.out << odd.err;
   EXPECT_TRUE(contains(odd.err, "device auto: no usable GPU, training on CPU")) << odd.err;
