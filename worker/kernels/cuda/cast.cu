@@ -1,5 +1,7 @@
 // fp32 -> bf16 conversion with round-to-nearest-even, one element per thread (memory-bound,
 // runs only at initialisation and restore, so not vectorised).
+#include <string>
+
 #include "device_util.cuh"
 #include "longhaul/kernels/cuda/cast.h"
 #include "longhaul/kernels/cuda/check.h"
@@ -21,8 +23,18 @@ bool kernels_runnable(std::string* why) {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     if (why != nullptr) {
-      *why = status != cudaSuccess ? std::string("no CUDA device: ") + cudaGetErrorString(status)
-                                   : std::string("no CUDA device is visible");
+      if (status == cudaErrorInsufficientDriver) {
+        // What the runtime says when there is no driver at all, too: say both.
+        int runtime = 0;
+        (void)cudaRuntimeGetVersion(&runtime);
+        *why = "no usable NVIDIA driver: none is installed, or it is older than this build's CUDA " +
+               std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+               " runtime needs";
+      } else if (status == cudaSuccess || status == cudaErrorNoDevice) {
+        *why = "no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
+      } else {
+        *why = std::string("no CUDA device: ") + cudaGetErrorString(status);
+      }
     }
     (void)cudaGetLastError();
     return false;
