@@ -177,6 +177,14 @@ void LocalKubelet::stop() {
 }
 
 void LocalKubelet::waiter(std::shared_ptr<Proc> proc) {
+  // Wait for the exit without reaping: while the leader is a zombie its pid, and so its process
+  // group id, cannot be reused, so killing the group's leftover children cannot hit a stranger.
+  siginfo_t info{};
+  int w;
+  do {
+    w = ::waitid(P_PID, static_cast<id_t>(proc->pid), &info, WEXITED | WNOWAIT);
+  } while (w < 0 && errno == EINTR);
+  ::kill(-proc->pid, SIGKILL);
   int status = 0;
   pid_t r;
   do {
@@ -193,8 +201,6 @@ void LocalKubelet::waiter(std::shared_ptr<Proc> proc) {
   } else {
     proc->exit_code = 128;
   }
-  // The group may hold children that outlive the leader: kill them too.
-  ::kill(-proc->pid, SIGKILL);
   proc->finished_at = now_rfc3339();
   proc->reaped = true;
   notify();

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -185,6 +186,33 @@ TEST_F(LocalKubeletTest, DeletionKillsAProcessThatIgnoresSigtermAfterTheGracePer
   if (info) {
     EXPECT_EQ(info->exit_code, 128 + SIGKILL);
   }
+}
+
+// True once `pid` has exited (gone, or a zombie nobody reaped yet).
+bool exited(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z' ||
+         line[paren + 2] == 'X';
+}
+
+TEST_F(LocalKubeletTest, ProcessesTheContainerLeavesBehindAreKilledWhenItExits) {
+  // As when a container's main process exits: nothing it started survives it.
+  server.create("pods", "default", pod_manifest("parent", "sleep 600 & echo child=$!; exit 0"));
+  ASSERT_TRUE(wait_phase("parent", "Succeeded"));
+  const std::string out = log_of("parent");
+  const size_t at = out.find("child=");
+  ASSERT_NE(at, std::string::npos) << out;
+  const pid_t child = std::stoi(out.substr(at + 6));
+  // SIGKILL was sent before the pod was reported; the child dies when the kernel next runs it,
+  // which no event of ours tells: poll /proc, bounded by the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!exited(child) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(exited(child)) << "pid " << child << " outlived its pod";
 }
 
 TEST_F(LocalKubeletTest, PreemptionMarksDisruptionThenFailsThePodAsPreempted) {
