@@ -27,9 +27,10 @@ bool kernels_runnable(std::string* why) {
         // What the runtime says when there is no driver at all, too: say both.
         int runtime = 0;
         (void)cudaRuntimeGetVersion(&runtime);
-        *why = "no usable NVIDIA driver: none is installed, or it is older than this build's CUDA " +
-               std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
-               " runtime needs";
+        *why =
+            "no usable NVIDIA driver: none is installed, or it is older than this build's CUDA " +
+            std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+            " runtime needs";
       } else if (status == cudaSuccess || status == cudaErrorNoDevice) {
         *why = "no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
       } else {
