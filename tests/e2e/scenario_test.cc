@@ -75,6 +75,23 @@ class EndToEnd : public ::testing::Test {
     }
     return pred();
   }
+  // The logdir once the job succeeded: the state file names the final step and keeps
+  // checkpoint.max_to_keep (3) checkpoints, each of which verifies.
+  std::optional<supervisor::CheckpointState> final_checkpoint_state(const fs::path& logdir,
+                                                                    int64_t max_steps) {
+    auto state = supervisor::read_checkpoint_state(logdir);
+    if (!state) {
+      ADD_FAILURE() << "no checkpoint state file in " << logdir;
+      return state;
+    }
+    EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
+    EXPECT_EQ(state->all_model_checkpoint_paths.size(), 3u);  // checkpoint.max_to_keep
+    for (const std::string& p : state->all_model_checkpoint_paths) {
+      supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
+      EXPECT_NO_THROW(r.verify_all()) << p;
+    }
+    return state;
+  }
   std::string context() {
     return "\njob status: " + api::to_json(status()).dump() + "\noperator log tail:\n" +
            tail(cluster->operator_log(), 3000) + "\nchief log tail:\n" +
@@ -133,14 +150,8 @@ TEST_F(EndToEnd, ChiefOnlyJobSurvivesTwoPreemptionsAndANodeLossAndMatchesAnUnint
   EXPECT_EQ(st.restart_attempt, 3);
 
   // 5. The logdir: state file at the final step, the retained checkpoints all valid.
-  const auto state = supervisor::read_checkpoint_state(logdir);
+  const auto state = final_checkpoint_state(logdir, max_steps);
   ASSERT_TRUE(state);
-  EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
-  EXPECT_EQ(state->all_model_checkpoint_paths.size(), 3u);  // checkpoint.max_to_keep
-  for (const std::string& p : state->all_model_checkpoint_paths) {
-    supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
-    EXPECT_NO_THROW(r.verify_all()) << p;
-  }
 
   // 6. One events file per chief process start, SessionLog START at the step it restored,
   //    and the steps the worker said it resumed at.
@@ -223,14 +234,8 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   EXPECT_EQ(st.restart_count, 3);
   EXPECT_EQ(st.failure_count, 1);  // the chief's exit 138 after losing its peer
 
-  const auto state = supervisor::read_checkpoint_state(logdir);
+  const auto state = final_checkpoint_state(logdir, max_steps);
   ASSERT_TRUE(state);
-  EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
-  EXPECT_EQ(state->all_model_checkpoint_paths.size(), 3u);
-  for (const std::string& p : state->all_model_checkpoint_paths) {
-    supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
-    EXPECT_NO_THROW(r.verify_all()) << p;
-  }
   const std::vector<int64_t> starts =
       start_steps(read_text(cluster->kubelet().log_path("default", chief)));
   ASSERT_EQ(starts.size(), 4u) << "chief process starts, from its log";
