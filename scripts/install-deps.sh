@@ -12,6 +12,7 @@ build_packages=(
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libssl-dev zlib1g-dev
   libopenblas-dev python3 python3-venv
   prometheus  # only for tests: a real Prometheus scrapes the worker and operator (promtool too)
+  etcd-server xz-utils  # only for tests: etcd under the real kube-apiserver (tests/envtest)
 )
 runtime_packages=(
   libcpprest2.10 libyaml-cpp0.7 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
