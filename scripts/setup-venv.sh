@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates the Python virtual environment that ONLY the tests use: the tools users read a worker's
-# logdir with (`tensorboard` for event files, `safetensors` for checkpoints, `numpy`), and the
+# logdir with (`tensorboard` for event files, `safetensors` for checkpoints, `numpy`), Hugging
+# Face's `tokenizers` (the independent byte-level BPE that prepare-data's GPT-2 ids are checked
+# against), and the
 # chart tests' tools (`helm-python-sdk`: Helm's own Go engine in a wheel, to render and lint the
 # chart offline; `kubernetes-validate`: the Kubernetes OpenAPI schemas; `pyyaml`).
 # Idempotent: an existing venv that already imports all of them is left alone.
@@ -12,8 +14,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${LONGHAUL_VENV:-$repo/.venv}"
-packages=(tensorboard safetensors numpy pytest helm-python-sdk kubernetes-validate pyyaml)
-imports="import tensorboard, safetensors, numpy, pytest, helm_python, kubernetes_validate, yaml"
+packages=(tensorboard safetensors numpy tokenizers pytest helm-python-sdk kubernetes-validate pyyaml)
+imports="import tensorboard, safetensors, numpy, tokenizers, pytest, helm_python, kubernetes_validate, yaml"
 
 if [[ -x "$venv/bin/python" ]] &&
   "$venv/bin/python" -c "$imports" 2>/dev/null; then

@@ -60,6 +60,8 @@ int run_inspect(const InspectArgs& args);
 struct PrepareArgs {
   std::vector<std::string> inputs;
   std::string output_dir;
+  std::string tokenizer = "bytes";  // bytes | gpt2
+  std::string vocab, merges;        // gpt2: Hugging Face's vocab.json and merges.txt
   double val_fraction = 0.05;
   long long shard_tokens = 10'000'000;
 };

@@ -104,12 +104,21 @@ int main(int argc, char** argv) {
   PrepareArgs prepare;
   auto* prepare_cmd = app.add_subcommand(
       "prepare-data",
-      "Turn text files into byte-level token shards (vocab 256): "
-      "train_NNNNNN.bin and val_NNNNNN.bin (the last --val-fraction of the text).");
+      "Turn text files into llm.c token shards: train_NNNNNN.bin and val_NNNNNN.bin (the last "
+      "--val-fraction of the tokens), plus longhaul-data.json naming the tokenizer. "
+      "--tokenizer bytes (default, vocab 256) or gpt2 (GPT-2 BPE from --vocab/--merges; each "
+      "file is a document preceded by <|endoftext|>).");
   prepare_cmd->add_option("--input,-i", prepare.inputs, "text files, concatenated in order")
       ->required()
       ->check(CLI::ExistingFile);
   prepare_cmd->add_option("--output-dir,-o", prepare.output_dir, "where the shards go")->required();
+  prepare_cmd->add_option("--tokenizer", prepare.tokenizer, "bytes (default) or gpt2")
+      ->check(CLI::IsMember({"bytes", "gpt2"}));
+  prepare_cmd->add_option("--vocab", prepare.vocab, "gpt2: vocab.json (Hugging Face's GPT-2 file)")
+      ->check(CLI::ExistingFile);
+  prepare_cmd
+      ->add_option("--merges", prepare.merges, "gpt2: merges.txt (Hugging Face's GPT-2 file)")
+      ->check(CLI::ExistingFile);
   prepare_cmd
       ->add_option("--val-fraction", prepare.val_fraction,
                    "fraction of the bytes for validation, in [0, 1) (default 0.05)")

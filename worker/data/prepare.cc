@@ -1,4 +1,5 @@
-// prepare-data: text files -> byte-level llm.c token shards; and the embedded demo dataset.
+// prepare-data: text files -> llm.c token shards (bytes or GPT-2 BPE) + the data manifest; and
+// the embedded demo dataset.
 #include "longhaul/data/prepare.h"
 
 #include <algorithm>
@@ -6,9 +7,13 @@
 #include <cstdio>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
+#include "longhaul/data/token_shard.h"
+#include "longhaul/tokenizer/tokenizer.h"
 
 namespace longhaul::data {
 namespace {
@@ -50,10 +55,35 @@ PrepareResult prepare_text_shards(const PrepareOptions& options) {
   }
   if (options.shard_tokens == 0) throw InvalidArgument("--shard-tokens must be positive");
   if (options.inputs.empty()) throw InvalidArgument("prepare-data needs at least one --input");
-  std::string text;
-  for (const auto& input : options.inputs) text += file::read_file(input);
-  if (text.empty()) throw InvalidArgument("prepare-data: the input files are empty");
-  const std::vector<uint16_t> tokens = byte_tokens(text);
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (options.tokenizer == "bytes") {
+    tok = std::make_unique<tokenizer::ByteTokenizer>();
+  } else if (options.tokenizer == "gpt2") {
+    if (options.vocab.empty() || options.merges.empty()) {
+      throw InvalidArgument(
+          "prepare-data --tokenizer gpt2 needs --vocab vocab.json and --merges "
+          "merges.txt (Hugging Face's gpt2 files)");
+    }
+    try {
+      tok = tokenizer::GPT2Tokenizer::load(options.vocab, options.merges);
+    } catch (const InvalidArgument&) {
+      throw;
+    } catch (const Error& e) {
+      throw InvalidArgument(std::string("prepare-data: ") + e.what());
+    }
+  } else {
+    throw InvalidArgument("--tokenizer must be bytes or gpt2, got \"" + options.tokenizer + "\"");
+  }
+  std::vector<int32_t> ids;
+  bool any_text = false;
+  for (const auto& input : options.inputs) {
+    const std::string text = file::read_file(input);
+    any_text = any_text || !text.empty();
+    if (auto eot = tok->end_of_text()) ids.push_back(*eot);  // a document per file, as llm.c
+    tok->encode(text, ids);
+  }
+  if (!any_text) throw InvalidArgument("prepare-data: the input files are empty");
+  std::vector<uint16_t> tokens(ids.begin(), ids.end());  // ids < 65536 (tokenizer.h)
   const size_t n_val = val_count(tokens.size(), options.val_fraction);
   const std::span<const uint16_t> all(tokens);
 
@@ -64,6 +94,21 @@ PrepareResult prepare_text_shards(const PrepareOptions& options) {
   result.val_shards = write_split(options.output_dir, "val", all.last(n_val), options.shard_tokens);
   result.train_tokens = tokens.size() - n_val;
   result.val_tokens = n_val;
+  result.vocab_size = tok->vocab_size();
+
+  // The manifest (and the tokenizer files it names), so training records how to decode.
+  nlohmann::json manifest{{"tokenizer", std::string(tok->kind())},
+                          {"vocab_size", tok->vocab_size()},
+                          {"train_tokens", result.train_tokens},
+                          {"val_tokens", result.val_tokens}};
+  if (auto eot = tok->end_of_text()) manifest["end_of_text"] = *eot;
+  if (tok->kind() == "gpt2") {
+    file::write_atomically(options.output_dir / "vocab.json", file::read_file(options.vocab));
+    file::write_atomically(options.output_dir / "merges.txt", file::read_file(options.merges));
+    manifest["vocab"] = "vocab.json";
+    manifest["merges"] = "merges.txt";
+  }
+  file::write_atomically(options.output_dir / kDataManifestName, manifest.dump(2) + "\n");
 
   // Remove stale shards from an earlier preparation with more shards.
   const std::regex ours(R"((train|val)_\d{6}\.bin)");
@@ -78,6 +123,35 @@ PrepareResult prepare_text_shards(const PrepareOptions& options) {
     }
   }
   return result;
+}
+
+std::optional<DataManifest> read_data_manifest(std::string_view glob) {
+  std::vector<std::filesystem::path> files;
+  try {
+    files = expand_glob(glob);
+  } catch (const Error&) {
+    return std::nullopt;  // the data loader reports the missing data
+  }
+  const std::filesystem::path dir = files.front().parent_path();
+  const std::filesystem::path path = dir / kDataManifestName;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  try {
+    auto j = nlohmann::json::parse(file::read_file(path));
+    DataManifest m;
+    m.tokenizer = j.at("tokenizer").get<std::string>();
+    m.vocab_size = j.at("vocab_size").get<int>();
+    if (m.tokenizer == "gpt2") {
+      m.vocab = dir / j.at("vocab").get<std::string>();
+      m.merges = dir / j.at("merges").get<std::string>();
+    } else if (m.tokenizer != "bytes") {
+      throw InvalidArgument("unknown tokenizer \"" + m.tokenizer + "\"");
+    }
+    return m;
+  } catch (const std::exception& e) {
+    throw InvalidArgument("data manifest " + path.string() + " is garbled (" + e.what() +
+                          "); run prepare-data again or delete it");
+  }
 }
 
 std::shared_ptr<const TokenDataset> embedded_dataset(bool validation, double val_fraction) {
