@@ -19,6 +19,10 @@ int report_error(std::exception_ptr error) {
     code = kExitBadData;
     kind = "bad data";
     message = e.what();
+  } catch (const trainer::NumericalError& e) {
+    code = kExitNumerical;
+    kind = "numerical fault";
+    message = e.what();
   } catch (const trainer::CheckpointError& e) {
     code = kExitBadCheckpoint;
     kind = "bad checkpoint";

@@ -11,6 +11,10 @@
 //   4    incompatible or corrupt checkpoint: a checkpoint of another model shape (the message
 //        names the first mismatched tensor), a garbled checkpoint given to eval, an unusable
 //        checkpoint.init_from file
+//   5    numerical fault: a step had a non-finite loss or gradient norm, or a loss spike, and
+//        training.on_nonfinite is stop (or skip_step skipped more than
+//        training.max_consecutive_skips steps in a row); the step was not applied and the latest
+//        checkpoint is the last good state
 //   130  stopped by SIGINT (Ctrl-C) after the final checkpoint was committed
 //   138  aborted: a peer was lost or a collective failed (retry the whole group), or the grace
 //        period after SIGTERM ran out before the final checkpoint committed (retry)
@@ -29,6 +33,7 @@ inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitBadData = 3;
 inline constexpr int kExitBadCheckpoint = 4;
+inline constexpr int kExitNumerical = 5;
 inline constexpr int kExitInterrupted = 130;
 inline constexpr int kExitAborted = 138;
 inline constexpr int kExitTerminated = 143;

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "longhaul-worker: GPT-2 training that survives crashes, preemptions and restarts.\n"
       "Exit codes: 0 finished, 1 other error, 2 bad usage/config, 3 bad data,\n"
-      "4 incompatible/corrupt checkpoint, 130 SIGINT, 138 aborted (retry), 143 SIGTERM.",
+      "4 incompatible/corrupt checkpoint, 5 numerical fault (NaN/Inf or loss spike),\n"
+      "130 SIGINT, 138 aborted (retry), 143 SIGTERM.",
       "longhaul-worker"};
   app.set_version_flag("--version", "longhaul-worker " + version_string());
   app.require_subcommand(1);

@@ -65,7 +65,11 @@ int run_train(const TrainArgs& args) {
   }
   run.checkpoint_listeners.push_back(&metrics);
   run.on_step = [&](const trainer::StepStats& s) {
-    metrics.on_step(s.step, s.loss, s.learning_rate, s.grad_norm, s.tokens, s.seconds);
+    if (s.skipped) {
+      metrics.on_skipped_step(s.step);
+    } else {
+      metrics.on_step(s.step, s.loss, s.learning_rate, s.grad_norm, s.tokens, s.seconds);
+    }
   };
   run.on_model = [&](const model::LanguageModel& m) {
     metrics.set_backend(std::string(m.device_name()));

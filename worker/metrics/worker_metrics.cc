@@ -73,23 +73,47 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   ckpt_restores_ =
       counter(r, c, "longhaul_checkpoint_restores_total", "Checkpoints restored by this process.");
   is_chief_ = gauge(r, c, "longhaul_worker_is_chief", "1 on the chief replica, else 0.");
+  skipped_steps_ = counter(r, c, "longhaul_train_skipped_steps_total",
+                           "Steps the numerical watchdog skipped (non-finite loss or gradient "
+                           "norm, or a loss spike, with training.on_nonfinite: skip_step).");
   build_info_family_ = &prometheus::BuildGauge()
                             .Name("longhaul_worker_build_info")
                             .Help("Build of the worker and the device it trains on (value 1).")
                             .Labels(c)
                             .Register(r);
-  build_info_ = &build_info_family_->Add({{"version", version}, {"backend", backend}});
+  kernel_labels_ = {{"attention", ""}, {"matmul_epilogues", ""}, {"self_check", ""}};
+  Labels labels{{"version", version}, {"backend", backend}};
+  labels.insert(kernel_labels_.begin(), kernel_labels_.end());
+  build_info_ = &build_info_family_->Add(labels);
   is_chief_->Set(is_chief ? 1 : 0);
+  build_info_->Set(1);
+}
+
+void WorkerMetrics::replace_build_info() {
+  build_info_family_->Remove(build_info_);
+  Labels labels{{"version", version_}, {"backend", backend_}};
+  labels.insert(kernel_labels_.begin(), kernel_labels_.end());
+  build_info_ = &build_info_family_->Add(labels);
   build_info_->Set(1);
 }
 
 void WorkerMetrics::set_backend(const std::string& backend) {
   std::lock_guard lock(build_info_mu_);
   if (backend == backend_) return;
-  build_info_family_->Remove(build_info_);
-  build_info_ = &build_info_family_->Add({{"version", version_}, {"backend", backend}});
-  build_info_->Set(1);
   backend_ = backend;
+  replace_build_info();
+}
+
+void WorkerMetrics::set_kernel_choices(const std::map<std::string, std::string>& choices) {
+  std::lock_guard lock(build_info_mu_);
+  bool changed = false;
+  for (const auto& [key, value] : choices) {
+    auto it = kernel_labels_.find(key);
+    if (it == kernel_labels_.end() || it->second == value) continue;
+    it->second = value;
+    changed = true;
+  }
+  if (changed) replace_build_info();
 }
 
 // server_ is declared after registry_, so it is stopped and joined before the registry goes.
@@ -125,6 +149,11 @@ void WorkerMetrics::on_step(int64_t step, double loss, double learning_rate, dou
   learning_rate_->Set(learning_rate);
   grad_norm_->Set(grad_norm);
   if (seconds > 0) tokens_per_second_->Set(static_cast<double>(tokens) / seconds);
+}
+
+void WorkerMetrics::on_skipped_step(int64_t step) {
+  global_step_->Set(static_cast<double>(step));
+  skipped_steps_->Increment();
 }
 
 void WorkerMetrics::set_global_step(int64_t step) { global_step_->Set(static_cast<double>(step)); }

@@ -79,6 +79,30 @@ TEST(WorkerMetricsTest, TheBackendLabelFollowsTheDeviceTheModelLandedOn) {
   EXPECT_TRUE(series[0].ends_with("} 1")) << series[0];
 }
 
+TEST(WorkerMetricsTest, BuildInfoCarriesTheKernelChoicesAndSkippedStepsAreCounted) {
+  WorkerMetrics m(0, true, "0.1.0", "cuda");
+  m.set_kernel_choices({{"attention", "cublas"},
+                        {"matmul_epilogues", "separate"},
+                        {"self_check", "fallback"},
+                        {"not_a_label", "x"}});
+  m.on_skipped_step(7);
+  m.on_skipped_step(8);
+  const std::string t = m.text();
+  std::vector<std::string> series;
+  std::istringstream lines(t);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("longhaul_worker_build_info{")) series.push_back(line);
+  }
+  ASSERT_EQ(series.size(), 1u) << t;
+  for (const char* label : {"backend=\"cuda\"", "attention=\"cublas\"",
+                            "matmul_epilogues=\"separate\"", "self_check=\"fallback\""}) {
+    EXPECT_NE(series[0].find(label), std::string::npos) << label << " in " << series[0];
+  }
+  EXPECT_EQ(series[0].find("not_a_label"), std::string::npos) << series[0];
+  EXPECT_TRUE(has_line(t, "longhaul_train_skipped_steps_total{rank=\"0\"} 2")) << t;
+  EXPECT_TRUE(has_line(t, "longhaul_train_global_step{rank=\"0\"} 8")) << t;
+}
+
 TEST(WorkerMetricsTest, ARestartedWorkerShowsTheCheckpointItRestoredFrom) {
   // Before its first save, a restarted worker reports the checkpoint it resumed from, so a
   // "time since the last checkpoint" alert does not fire on every restart.

@@ -235,6 +235,21 @@ const std::vector<Field>& schema() {
         "training.grad_clip", [](WorkerConfig & c) -> auto& { return c.training.grad_clip; }, 0));
     f.push_back(uint_field(
         "training.seed", [](WorkerConfig & c) -> auto& { return c.training.seed; }));
+    f.push_back(string_field("training.on_nonfinite",
+                             [](WorkerConfig & c) -> auto& { return c.training.on_nonfinite; },
+                             {"stop", "skip_step"}));
+    f.push_back(double_field(
+        "training.loss_spike_mads",
+        [](WorkerConfig & c) -> auto& { return c.training.loss_spike_mads; }, 0));
+    f.push_back(int_field(
+        "training.loss_spike_window",
+        [](WorkerConfig & c) -> auto& { return c.training.loss_spike_window; }, 5, 1 << 20));
+    f.push_back(int_field(
+        "training.loss_spike_after_steps",
+        [](WorkerConfig & c) -> auto& { return c.training.loss_spike_after_steps; }, 0));
+    f.push_back(int_field(
+        "training.max_consecutive_skips",
+        [](WorkerConfig & c) -> auto& { return c.training.max_consecutive_skips; }, 1));
     f.push_back(double_field(
         "checkpoint.save_model_secs",
         [](WorkerConfig & c) -> auto& { return c.checkpoint.save_model_secs; }, 0));
@@ -273,6 +288,8 @@ const std::vector<Field>& schema() {
     f.push_back(double_field(
         "supervisor.stop_grace_secs",
         [](WorkerConfig & c) -> auto& { return c.supervisor.stop_grace_secs; }, 0));
+    f.push_back(bool_field(
+        "cuda.self_check", [](WorkerConfig & c) -> auto& { return c.cuda.self_check; }));
     f.push_back(string_field(
         "logdir", [](WorkerConfig & c) -> auto& { return c.logdir; }));
     f.push_back(string_field("device", [](WorkerConfig & c) -> auto& { return c.device; },

@@ -136,6 +136,8 @@ RunResult run_training(const RunOptions& options) {
   if (options.start_reducing_gradients) {
     trainer.set_last_backward_hook(options.start_reducing_gradients);
   }
+  // The watchdog judges the mean loss over replicas, so all replicas agree on a bad step.
+  if (options.average_loss) trainer.set_loss_reducer(options.average_loss);
 
   // 4. Supervisor.
   supervisor::SupervisorOptions so;
@@ -212,13 +214,24 @@ RunResult run_training(const RunOptions& options) {
     };
     while (!stopping() && trainer.global_step() < t.max_steps) {
       StepStats s = trainer.train_step();
-      if (options.average_loss) s.loss = options.average_loss(s.loss);
-      result.last_loss = s.loss;
+      result.skipped_steps = s.skipped_total;
+      if (s.skipped) {
+        // Logged at the step's index like the training scalars; counted in metrics by on_step.
+        sv.add_scalar("skipped_steps", static_cast<double>(s.skipped_total), s.step - 1);
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "step %6" PRId64 "/%" PRId64 " | SKIPPED (%s) | %" PRId64 " skipped so far\n",
+                      s.step, t.max_steps, s.skip_reason.c_str(), s.skipped_total);
+        out << line << std::flush;
+      } else {
+        result.last_loss = s.loss;
+      }
       ema_step_seconds =
           ema_step_seconds == 0 ? s.seconds : 0.9 * ema_step_seconds + 0.1 * s.seconds;
       if (options.on_step) options.on_step(s);
       const double tokens_per_sec = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
-      if (s.step % log_every == 0 || s.step == t.max_steps || s.step == start_step + 1) {
+      if (!s.skipped &&
+          (s.step % log_every == 0 || s.step == t.max_steps || s.step == start_step + 1)) {
         char line[256];
         std::snprintf(line, sizeof line,
                       "step %6" PRId64 "/%" PRId64
@@ -232,7 +245,7 @@ RunResult run_training(const RunOptions& options) {
       // events at steps >= s from the earlier run, so the last step before a checkpoint at s
       // must be logged at s - 1 to survive.
       const int64_t index = s.step - 1;
-      if (summary_every > 0 && index % summary_every == 0) {
+      if (summary_every > 0 && index % summary_every == 0 && !s.skipped) {
         sv.add_scalar("loss", s.loss, index);
         sv.add_scalar("learning_rate", s.learning_rate, index);
         sv.add_scalar("grad_norm", s.grad_norm, index);

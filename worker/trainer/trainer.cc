@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -178,8 +180,19 @@ std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
 Trainer::Trainer(const WorkerConfig& config, std::unique_ptr<model::LanguageModel> model,
                  std::unique_ptr<data::DataLoader> train, std::unique_ptr<data::EvalLoader> val,
                  int world_size)
-    : config_(config), model_(std::move(model)), train_(std::move(train)), val_(std::move(val)) {
+    : config_(config),
+      model_(std::move(model)),
+      train_(std::move(train)),
+      val_(std::move(val)),
+      watchdog_(WatchdogOptions{.loss_spike_mads = config.training.loss_spike_mads,
+                                .window = config.training.loss_spike_window,
+                                .spike_after_steps = config.training.loss_spike_after_steps}) {
   const auto& t = config_.training;
+  if (const char* k = std::getenv("LONGHAUL_TEST_NAN_GRADIENT_AT_STEP"); k != nullptr && *k) {
+    inject_nan_at_step_ = std::strtoll(k, nullptr, 10);
+    LH_LOG(WARNING) << "test fault injection: a NaN gradient at step"
+                    << kv("step", inject_nan_at_step_);
+  }
   if (t.seq_len > model_->config().context_length) {
     throw InvalidArgument(where(config_) + ": training.seq_len " + std::to_string(t.seq_len) +
                           " exceeds the model's context_length " +
@@ -296,6 +309,7 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
   train_tokens_ = tokens == ckpt.metadata().end() ? 0 : std::stoll(tokens->second);
   model_->zero_grad();
   step_.store(step, std::memory_order_release);
+  watchdog_.reset();
   initialized_ = true;
 }
 
@@ -318,6 +332,7 @@ void Trainer::snapshot(supervisor::Snapshot& out) {
   out.metadata["seed"] = std::to_string(config_.training.seed);
   out.metadata["rng"] = std::to_string(config_.training.seed);
   out.metadata["train_tokens"] = std::to_string(train_tokens_);
+  for (const auto& [key, value] : extra_metadata_) out.metadata[key] = value;
 }
 
 double Trainer::learning_rate_at(int64_t step) const {
@@ -346,14 +361,51 @@ StepStats Trainer::train_step() {
   }
   StepStats stats;
   stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
+  const int64_t step = global_step();
+  if (inject_nan_at_step_ == step + 1) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    backend_cuda::copy_from_host(*model_, std::span<const float>(&nan, 1),
+                                 model_->gradients_flat().subspan(0, 1));
+  }
   // Data-parallel replicas average gradients here (longhaul/dist), so the norm, clipping and
   // the optimizer step are identical on every replica.
   if (gradient_hook_) gradient_hook_(*model_);
+  if (loss_reducer_) stats.loss = loss_reducer_(stats.loss);
   const float norm = model_->gradient_norm();
+  const double lr = learning_rate_at(step);
+  // The watchdog judges the step before anything is applied (watchdog.h).
+  if (const WatchdogVerdict verdict = watchdog_.check(step + 1, stats.loss, norm); !verdict.ok) {
+    const bool skip = t.on_nonfinite == "skip_step";
+    if (!skip || consecutive_skips_ + 1 > t.max_consecutive_skips) {
+      throw NumericalError(
+          "step " + std::to_string(step + 1) + ": " + verdict.reason +
+          (skip ? "; " + std::to_string(consecutive_skips_ + 1) +
+                      " bad steps in a row exceed training.max_consecutive_skips"
+                : std::string()) +
+          ". The step was not applied and not checkpointed: the latest checkpoint is the last "
+          "good state. Lower training.learning_rate or check the data; training.on_nonfinite: "
+          "skip_step drops such steps instead");
+    }
+    ++consecutive_skips_;
+    ++skipped_steps_;
+    LH_LOG(WARNING) << "numerical watchdog: step skipped, its update dropped"
+                    << kv("step", step + 1) << kv("why", verdict.reason)
+                    << kv("skipped_total", skipped_steps_);
+    train_tokens_ += tokens_per_step();
+    step_.store(step + 1, std::memory_order_release);
+    stats.step = step + 1;
+    stats.learning_rate = lr;
+    stats.grad_norm = norm;
+    stats.tokens = tokens_per_step();
+    stats.skipped = true;
+    stats.skip_reason = verdict.reason;
+    stats.skipped_total = skipped_steps_;
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return stats;
+  }
+  consecutive_skips_ = 0;
   const float clip = static_cast<float>(t.grad_clip);
   const float grad_scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
-  const int64_t step = global_step();
-  const double lr = learning_rate_at(step);
   model_->optimizer_step(adamw_, static_cast<float>(lr), grad_scale);
   train_tokens_ += tokens_per_step();
   step_.store(step + 1, std::memory_order_release);
@@ -361,6 +413,7 @@ StepStats Trainer::train_step() {
   stats.learning_rate = lr;
   stats.grad_norm = norm;
   stats.tokens = tokens_per_step();
+  stats.skipped_total = skipped_steps_;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

@@ -8,8 +8,10 @@
 //   longhaul_checkpoint_last_bytes (gauges), longhaul_checkpoint_duration_seconds (histogram of
 //   write time), longhaul_checkpoint_stall_seconds (histogram of training-loop blocking),
 //   longhaul_checkpoint_written_bytes_total, longhaul_checkpoint_saves_total,
-//   longhaul_checkpoint_restores_total, longhaul_worker_is_chief,
-//   longhaul_worker_build_info{version,backend} = 1.
+//   longhaul_checkpoint_restores_total, longhaul_train_skipped_steps_total (steps the numerical
+//   watchdog dropped), longhaul_worker_is_chief,
+//   longhaul_worker_build_info{version,backend,attention,matmul_epilogues,self_check} = 1 (the
+//   kernel choices of the start-up self-check, "" until known; see worker/selfcheck).
 //
 // WorkerMetrics is also a supervisor::CheckpointListener: give it to SupervisorOptions and the
 // checkpoint_* metrics follow every save and restore.
@@ -19,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,11 +59,17 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   // After one optimizer step.
   void on_step(int64_t step, double loss, double learning_rate, double grad_norm, int64_t tokens,
                double seconds);
+  // A step the numerical watchdog skipped (its update dropped): the global step advances, the
+  // loss/grad-norm gauges keep the last good step's values.
+  void on_skipped_step(int64_t step);
   // The session started at `step` (restored or initialised).
   void set_global_step(int64_t step);
   // The device the model actually trains on, once it exists (`device: auto` may have fallen
   // back to "cpu"): replaces build_info's backend label, so exactly one series remains.
   void set_backend(const std::string& backend);
+  // The kernel choices made at start-up (labels attention, matmul_epilogues, self_check);
+  // replaces the build_info series the same way. Unknown keys are ignored.
+  void set_kernel_choices(const std::map<std::string, std::string>& choices);
 
   // supervisor::CheckpointListener
   void on_saved(const supervisor::CheckpointStats& stats) override;
@@ -90,8 +99,11 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   prometheus::Counter* ckpt_restores_;
   prometheus::Gauge* is_chief_;
   std::string version_;
-  std::mutex build_info_mu_;  // guards the two below (set_backend vs itself)
+  prometheus::Counter* skipped_steps_;
+  std::mutex build_info_mu_;  // guards the three below (set_backend/set_kernel_choices)
   std::string backend_;
+  std::map<std::string, std::string> kernel_labels_;  // attention, matmul_epilogues, self_check
+  void replace_build_info();                          // with build_info_mu_ held
   prometheus::Family<prometheus::Gauge>* build_info_family_;
   prometheus::Gauge* build_info_;
 };

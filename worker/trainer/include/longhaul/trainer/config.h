@@ -4,9 +4,9 @@
 // --set); all such errors are reported together in one InvalidArgument.
 //
 // The schema, with defaults, is documented in examples/worker-tiny.yaml. Sections: model, data,
-// training, checkpoint, summaries, log, eval, supervisor, and the top-level keys logdir, device,
-// metrics_port, grace_period_secs. No file at all gives the embedded default: the `tiny` preset
-// trained on the demo corpus compiled into the binary.
+// training, checkpoint, summaries, log, eval, supervisor, cuda, and the top-level keys logdir,
+// device, metrics_port, grace_period_secs. No file at all gives the embedded default: the `tiny`
+// preset trained on the demo corpus compiled into the binary.
 //
 // Thread-safety: plain values; load_config is reentrant.
 #pragma once
@@ -43,6 +43,14 @@ struct TrainingConfigSection {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;  // global-norm clip; 0 disables
   uint64_t seed = 1337;    // weights init, data order
+  // The numerical watchdog (watchdog.h): what a step with a non-finite loss or gradient norm, or
+  // a loss spike, does: "stop" (exit 5 before the step is applied or checkpointed) or
+  // "skip_step" (drop the update, count it, go on).
+  std::string on_nonfinite = "stop";
+  double loss_spike_mads = 10;           // spike: loss > median + k * robust deviation; 0 = off
+  int64_t loss_spike_window = 100;       // accepted losses the median is taken over
+  int64_t loss_spike_after_steps = 100;  // no spike detection before this step
+  int64_t max_consecutive_skips = 10;    // skip_step: more bad steps in a row stop the run
 };
 
 struct CheckpointConfigSection {
@@ -74,6 +82,13 @@ struct SupervisorConfigSection {
   double stop_grace_secs = 120;
 };
 
+struct CudaConfigSection {
+  // Before training on a GPU (device auto or cuda), check every kernel the model uses against
+  // the reference on the real device, fall back per kernel family, and refuse a GPU that still
+  // computes wrong numbers (worker/selfcheck). Off: trust the GPU unchecked.
+  bool self_check = true;
+};
+
 struct WorkerConfig {
   std::filesystem::path source;  // the config file, or empty for the embedded default
   ModelConfigSection model;
@@ -84,6 +99,7 @@ struct WorkerConfig {
   LogConfigSection log;
   EvalConfigSection eval;
   SupervisorConfigSection supervisor;
+  CudaConfigSection cuda;
   std::string logdir;             // empty: --logdir, $LONGHAUL_LOGDIR or runs/<preset>
   std::string device = "auto";    // auto | cpu | cuda
   int metrics_port = 0;           // Prometheus exposer port; 0 disables

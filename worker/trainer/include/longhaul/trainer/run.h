@@ -8,9 +8,10 @@
 // whose weights it measured, global_step/sec by the supervisor's step counter.
 //
 // Errors are typed so the CLI can map them to exit codes: InvalidArgument from the config
-// (exit 2), DataError (3), CheckpointError and the supervisor's FailedPrecondition/DataLoss on
-// restore (4), Aborted (138), anything else (1). A SIGTERM/SIGINT ends the run normally after
-// the final checkpoint is committed; RunResult::signal says which signal it was.
+// (exit 2), DataError (3), NumericalError (5, watchdog.h), CheckpointError and the supervisor's
+// FailedPrecondition/DataLoss on restore (4), Aborted (138), anything else (1). A SIGTERM/SIGINT
+// ends the run normally after the final checkpoint is committed; RunResult::signal says which
+// signal it was.
 //
 // Thread-safety: call from one thread; callbacks run on the training thread.
 #pragma once
@@ -70,6 +71,7 @@ struct RunResult {
   int signal = 0;                        // SIGTERM/SIGINT that stopped it, or 0
   std::optional<double> last_loss;
   std::optional<double> last_val_loss;
+  int64_t skipped_steps = 0;  // steps the numerical watchdog skipped (training.on_nonfinite)
 };
 
 RunResult run_training(const RunOptions& options);

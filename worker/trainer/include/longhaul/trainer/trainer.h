@@ -35,6 +35,7 @@
 #include "longhaul/model/lr_schedule.h"
 #include "longhaul/supervisor/training_state.h"
 #include "longhaul/trainer/config.h"
+#include "longhaul/trainer/watchdog.h"
 
 namespace longhaul::trainer {
 
@@ -69,6 +70,11 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   int64_t tokens = 0;    // tokens processed by this replica in this step
   double seconds = 0;    // wall time of the step
+  // The numerical watchdog dropped this step's update (training.on_nonfinite: skip_step):
+  // parameters and moments are unchanged, the global step still advanced.
+  bool skipped = false;
+  std::string skip_reason;    // why, when skipped
+  int64_t skipped_total = 0;  // steps skipped in this process so far
 };
 
 class Trainer : public supervisor::TrainingState {
@@ -87,7 +93,13 @@ class Trainer : public supervisor::TrainingState {
   void snapshot(supervisor::Snapshot& out) override;
   int64_t global_step() const override { return step_.load(std::memory_order_acquire); }
 
-  // One optimizer step. Throws DataError when a batch holds a token id >= vocab_size.
+  // One optimizer step. Throws DataError when a batch holds a token id >= vocab_size, and
+  // NumericalError (before anything is applied: parameters, moments and the step count stay as
+  // they were) when the numerical watchdog rejects the step and training.on_nonfinite is stop.
+  //
+  // Test-only fault injection: with LONGHAUL_TEST_NAN_GRADIENT_AT_STEP=k in the environment
+  // (read at construction), the gradients of global step k get a NaN before the all-reduce and
+  // the norm, as a broken kernel or a bad batch would leave them.
   StepStats train_step();
   // Mean validation loss over the eval loader's batches; nullopt without validation data.
   std::optional<double> evaluate();
@@ -107,6 +119,17 @@ class Trainer : public supervisor::TrainingState {
   // all-reducing there, overlapped with that backward pass; the gradient hook completes it.
   void set_last_backward_hook(std::function<void(model::LanguageModel&)> hook) {
     last_backward_hook_ = std::move(hook);
+  }
+
+  // Called in train_step with the mean loss of this replica's micro-batches, before the
+  // watchdog: data-parallel replicas return the mean over replicas, so every replica judges the
+  // same loss (and StepStats::loss is that mean).
+  void set_loss_reducer(std::function<double(double)> reducer) {
+    loss_reducer_ = std::move(reducer);
+  }
+  // Extra `__metadata__` entries of every checkpoint (e.g. the device and kernels the run uses).
+  void set_checkpoint_metadata(const std::string& key, const std::string& value) {
+    extra_metadata_[key] = value;
   }
 
   model::LanguageModel& model() { return *model_; }
@@ -141,6 +164,12 @@ class Trainer : public supervisor::TrainingState {
   std::vector<int32_t> inputs_, targets_;
   std::function<void(model::LanguageModel&)> gradient_hook_;
   std::function<void(model::LanguageModel&)> last_backward_hook_;
+  std::function<double(double)> loss_reducer_;
+  std::map<std::string, std::string> extra_metadata_;
+  NumericalWatchdog watchdog_;
+  int64_t skipped_steps_ = 0;
+  int64_t consecutive_skips_ = 0;
+  int64_t inject_nan_at_step_ = 0;  // LONGHAUL_TEST_NAN_GRADIENT_AT_STEP; 0: none
 };
 
 // Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).
