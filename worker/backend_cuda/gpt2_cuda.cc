@@ -418,6 +418,9 @@ GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOpt
     LH_CUDA_CHECK(cudaMallocHost(&host_tokens_, (5 * N + 1) * sizeof(int32_t)));
     LH_CUDA_CHECK(cudaMallocHost(&host_scalar_, 2 * sizeof(float)));
     matmul_ = std::make_unique<k::Matmul>();
+    matmul_->set_bias_epilogue(options_.bias_epilogue);
+    matmul_->set_gelu_epilogue(options_.gelu_epilogue);
+    matmul_->set_bias_grad_epilogue(options_.bias_grad_epilogue);
     LH_CUDA_CHECK(cudaMemcpyAsync(buf_.chunks, chunks.data(), chunks.size() * sizeof(chunks[0]),
                                   cudaMemcpyHostToDevice, stream_));
     LH_LOG(INFO) << "CUDA GPT-2 allocated" << kv("params", num_params_)

@@ -32,6 +32,7 @@
 #include <longhaul/kernels/cpu/matmul.h>
 #include <longhaul/kernels/cuda/adamw.h>
 #include <longhaul/kernels/cuda/attention.h>
+#include <longhaul/kernels/cuda/bias_add.h>
 #include <longhaul/kernels/cuda/bias_backward.h>
 #include <longhaul/kernels/cuda/cast.h>
 #include <longhaul/kernels/cuda/check.h>
@@ -308,6 +309,44 @@ TEST(MatmulTest, LinearForwardWithBiasAndGeluMatchesCpu) {
                       nullptr);
   EXPECT_CLOSE(pre.download(), expected, kBf16Tolerance);
   EXPECT_CLOSE(out.download(), expected_gelu, kBf16Tolerance);
+}
+
+// The separate-kernel fallbacks of the forward epilogues (the self-check's choice when an
+// epilogue is wrong): plain GEMM + add_bias_rows, and + gelu_forward.
+TEST(MatmulTest, ForwardWithoutEpiloguesMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  Random rng;
+  const int N = 80, C = 64, OC = 256;
+  const std::vector<float> inp = rounded(rng.floats(N * C)), w = rounded(rng.floats(C * OC, 0.2f));
+  const std::vector<float> bias = rounded(rng.floats(OC));
+  std::vector<float> expected(N * OC), expected_gelu(N * OC);
+  cpu::matmul_forward(expected.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  cpu::gelu_forward(expected_gelu.data(), expected.data(), expected.size());
+
+  Matmul mm;
+  mm.set_bias_epilogue(false);
+  mm.set_gelu_epilogue(false);
+  DeviceArray<bf16> d_inp(to_bf16(inp)), d_w(to_bf16(w)), d_bias(to_bf16(bias));
+  DeviceArray<bf16> out(N * OC), pre(N * OC);
+  out.poison();
+  linear_forward(mm, out.get(), d_inp.get(), d_w.get(), d_bias.get(), N, C, OC, nullptr);
+  EXPECT_CLOSE(out.download(), expected, kBf16Tolerance);
+  out.poison();
+  pre.poison();
+  linear_gelu_forward(mm, out.get(), pre.get(), d_inp.get(), d_w.get(), d_bias.get(), N, C, OC,
+                      nullptr);
+  EXPECT_CLOSE(pre.download(), expected, kBf16Tolerance);
+  EXPECT_CLOSE(out.download(), expected_gelu, kBf16Tolerance);
+
+  // add_bias_rows alone: out = bf16(out + bias).
+  const std::vector<float> rows = rounded(rng.floats(N * OC));
+  std::vector<float> with_bias(N * OC);
+  for (int i = 0; i < N; ++i) {
+    for (int j = 0; j < OC; ++j) with_bias[i * OC + j] = rows[i * OC + j] + bias[j];
+  }
+  DeviceArray<bf16> d_rows(to_bf16(rows));
+  add_bias_rows(d_rows.get(), d_bias.get(), N, OC, nullptr);
+  EXPECT_EQ(to_float(d_rows.download()), rounded(with_bias));
 }
 
 // Both bias-gradient paths: cuBLASLt's BGRADA epilogue and the fallback reduction kernel.

@@ -23,7 +23,9 @@
 // read+write of the (N, OC) output each. In the weight-gradient GEMM, op(A) = dy^T, so the bias
 // gradient (a sum over N = over k of A's rows) is the BGRADA epilogue; it overwrites its vector,
 // so it goes to scratch and is then added into the accumulating fp32 gradient. Where cuBLASLt
-// has no algorithm for BGRADA, bias_backward's deterministic reduction runs instead.
+// has no algorithm for BGRADA, bias_backward's deterministic reduction runs instead. Each
+// epilogue can be switched off (Matmul::set_*_epilogue, from the start-up self-check): the plain
+// GEMM then runs with add_bias_rows / gelu_forward / bias_backward as separate kernels.
 //
 // Algorithms: the heuristic is asked once per shape/epilogue/alignment and the answer cached
 // (including "none": an unsupported optional epilogue then costs one lookup, not one per call).
@@ -38,8 +40,10 @@
 
 #include <longhaul/base/error.h>
 
+#include "longhaul/kernels/cuda/bias_add.h"
 #include "longhaul/kernels/cuda/bias_backward.h"
 #include "longhaul/kernels/cuda/check.h"
+#include "longhaul/kernels/cuda/gelu.h"
 
 namespace longhaul::kernels::cuda {
 namespace {
@@ -230,15 +234,22 @@ void linear_forward(Matmul& mm, bf16* out, const bf16* inp, const bf16* weight, 
   g.m = OC;
   g.n = N;
   g.k = C;
-  if (bias != nullptr) {
+  if (bias != nullptr && mm.bias_epilogue()) {
     g.epilogue = Epilogue::kBias;
     g.bias = const_cast<bf16*>(bias);
   }
   mm.run(g, out, weight, inp, stream);
+  if (bias != nullptr && !mm.bias_epilogue()) add_bias_rows(out, bias, N, OC, stream);
 }
 
 void linear_gelu_forward(Matmul& mm, bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
                          const bf16* bias, int N, int C, int OC, cudaStream_t stream) {
+  if (!mm.gelu_epilogue()) {
+    // Separate kernels: pre = inp @ weight + bias, then out = gelu(pre).
+    linear_forward(mm, pre, inp, weight, bias, N, C, OC, stream);
+    gelu_forward(out, pre, static_cast<long long>(N) * OC, stream);
+    return;
+  }
   GemmDesc g;
   g.m = OC;
   g.n = N;

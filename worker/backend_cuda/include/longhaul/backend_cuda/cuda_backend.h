@@ -97,6 +97,12 @@ struct CudaOptions {
   int device = 0;              // CUDA device ordinal
   bool recompute_gelu = true;  // keep one (B, T, 4C) GELU buffer, recompute it in backward
   AttentionKernel attention = AttentionKernel::kAuto;
+  // The cuBLASLt epilogues fused into the dense layers' GEMMs (bias add, bias + GELU, bias
+  // gradient); false runs the plain GEMM and a separate kernel instead (the start-up self-check's
+  // fallback when an epilogue computes wrong numbers on this GPU or library).
+  bool bias_epilogue = true;
+  bool gelu_epilogue = true;
+  bool bias_grad_epilogue = true;
 };
 
 // Creates the model on the GPU, weights initialised with init_weights(0) (the same values as the

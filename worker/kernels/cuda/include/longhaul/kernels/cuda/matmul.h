@@ -57,6 +57,14 @@ class Matmul {
   // it to check both paths).
   void set_bias_grad_epilogue(bool enabled) { bias_grad_epilogue_ = enabled; }
   bool bias_grad_epilogue() const { return bias_grad_epilogue_; }
+  // Likewise for the forward epilogues: false runs the plain GEMM, then add_bias_rows (bias_add.h)
+  // and, for the GELU layer, gelu_forward as separate kernels. The CUDA model sets these from
+  // the start-up self-check's choices (a fused epilogue that computes wrong numbers on this GPU
+  // or cuBLASLt version is replaced, never trusted).
+  void set_bias_epilogue(bool enabled) { bias_epilogue_ = enabled; }
+  bool bias_epilogue() const { return bias_epilogue_; }
+  void set_gelu_epilogue(bool enabled) { gelu_epilogue_ = enabled; }
+  bool gelu_epilogue() const { return gelu_epilogue_; }
 
  private:
   struct CachedAlgo {
@@ -68,6 +76,8 @@ class Matmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   bool bias_grad_epilogue_ = true;
+  bool bias_epilogue_ = true;
+  bool gelu_epilogue_ = true;
   std::map<std::string, CachedAlgo> cache_;
 };
 

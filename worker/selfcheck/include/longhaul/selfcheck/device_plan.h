@@ -1,0 +1,85 @@
+// Choosing the device and the kernels a run trains with, from `device: auto|cpu|cuda` and the
+// start-up self-check (selfcheck.h):
+//
+//   1. cpu: the CPU (the reference backend; nothing to check).
+//   2. No usable GPU: auto -> the CPU with a reason; cuda -> Unavailable.
+//   3. cuda.self_check off: the GPU with the preferred kernels, unchecked.
+//   4. Otherwise every kernel family the CUDA model uses runs on the GPU against the reference;
+//      a failing flash attention falls back to the cuBLAS path, a failing cuBLASLt epilogue to
+//      the separate kernel. Then one training step of a small model with the chosen kernels is
+//      compared with the CPU model (loss <= 1e-2, gradient norm <= 2e-2, parameters after the
+//      AdamW step <= 1e-2 relative, backend_cuda's test tolerances); if it fails, once more with
+//      the most conservative choices (cuBLAS attention, no fused epilogues).
+//   5. Still wrong: auto -> the CPU, with the failures as the reason (the caller warns);
+//      cuda -> FailedPrecondition naming the kernel, shape, error and tolerance (exit 2).
+//
+// The plan is what the run reports: logged, exported as build_info labels, written as a text
+// summary into the events file and into every checkpoint's metadata (`device`, `kernels`).
+//
+// Thread-safety: plan_device runs on the calling thread and uses the GPU it checks.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/model/language_model.h"
+#include "longhaul/selfcheck/selfcheck.h"
+
+namespace longhaul::selfcheck {
+
+// Every family the CUDA model runs (all of them); the CPU model's (all but kCast).
+std::vector<Family> cuda_families();
+std::vector<Family> cpu_families();
+
+using ModelFactory = std::function<std::unique_ptr<model::LanguageModel>(
+    const model::GPT2Config& config, int B, int T, const backend_cuda::CudaOptions& options)>;
+
+// One forward/backward + gradient norm + AdamW step of `config` (small) on `candidate` and on
+// `reference` from the same seed and batch; compared at the tolerances above.
+ModelStepResult check_model_step(const ModelFactory& candidate, const ModelFactory& reference,
+                                 const model::GPT2Config& config,
+                                 const backend_cuda::CudaOptions& options, uint64_t seed = 7);
+
+// The small model the step check trains: 2 layers of the real head size (2 heads), the real
+// vocabulary capped at 512, context 64.
+model::GPT2Config step_check_config(const model::GPT2Config& config);
+
+struct DevicePlan {
+  std::string device;              // "cuda" or "cpu": where the model trains
+  backend_cuda::CudaOptions cuda;  // the kernels, when device == "cuda"
+  std::string self_check = "off";  // "passed", "fallback" (passed with fallbacks), "failed",
+                                   // "off" (cuda.self_check: off), "n/a" (cpu)
+  std::optional<Report> report;    // when the self-check ran
+  std::string why_cpu;             // device auto trains on the CPU: why (empty otherwise)
+
+  // build_info labels: attention (flash | cublas | cpu), matmul_epilogues (fused | separate |
+  // mixed | cpu), self_check.
+  std::map<std::string, std::string> labels() const;
+  // One line: "device cuda, attention flash, matmul epilogues fused, self-check passed (12
+  // kernel families, model step) in 0.41 s".
+  std::string summary() const;
+  // The text summary for the events file: the summary line and the self-check table.
+  std::string details() const;
+};
+
+struct PlanOptions {
+  std::string device = "auto";  // auto | cpu | cuda
+  bool self_check = true;
+  int device_ordinal = 0;
+  // Test hooks (empty: the real CUDA backend). A test stands the CPU in for the device with
+  // cpu_registry() (a family swapped for a wrong implementation) and make_cpu_gpt2.
+  const Registry* device_registry = nullptr;
+  ModelFactory device_model;
+  std::function<bool(std::string* why)> device_available;
+  std::string device_name = "cuda";
+};
+
+// Decides where and with which kernels to train (the rules above). Throws Unavailable for
+// `device: cuda` without a usable GPU and FailedPrecondition when the GPU fails the self-check.
+DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& options);
+
+}  // namespace longhaul::selfcheck
