@@ -116,9 +116,17 @@ def check_events(logdir, stop_step):
         check(ckpts, f"{name}: no CHECKPOINT session log")
         for step, path in ckpts:
             check(f"model.ckpt-{step}" in path, f"{name}: CHECKPOINT at {step} names {path}")
+        # The device plan (worker/selfcheck) is the first summary: a TensorBoard text summary.
+        summaries = [e for e in events if e.HasField("summary")]
+        first = summaries[0].summary.value[0]
+        check(first.tag == "device" and first.metadata.plugin_data.plugin_name == "text",
+              f"{name}: the first summary is not the 'device' text: {first.tag}")
+        text = first.tensor.string_val[0].decode()
+        check("device cpu" in text and "self-check" in text, f"{name}: device text is {text!r}")
 
     acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
+    check("device" in acc.Tags()["tensors"], f"no 'device' text summary: {acc.Tags()}")
     tags = acc.Tags()["scalars"]
     for tag in SCALAR_TAGS + ["global_step/sec"]:
         check(tag in tags, f"scalar tag {tag} missing; have {tags}")
@@ -163,6 +171,8 @@ def check_checkpoints(worker, logdir):
             check(int(crcs[tname], 16) == got, f"{name}:{tname} CRC-32C mismatch")
         check(int(metadata["global_step"]) == step, f"{name}: global_step metadata")
         check(int(metadata["step"]) == step, f"{name}: step metadata")
+        check(metadata["device"].startswith("device cpu"), f"{name}: device metadata")
+        check(json.loads(metadata["kernels"])["device"] == "cpu", f"{name}: kernels metadata")
         check(listed[name]["valid"], f"inspect says {name} is invalid")
         check(np.all(tensors["optimizer.exp_avg_sq.transformer.wte.weight"] >= 0),
               f"{name}: negative second moment")

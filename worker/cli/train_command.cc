@@ -74,6 +74,9 @@ int run_train(const TrainArgs& args) {
   run.on_model = [&](const model::LanguageModel& m) {
     metrics.set_backend(std::string(m.device_name()));
   };
+  run.on_device_plan = [&](const selfcheck::DevicePlan& plan) {
+    metrics.set_kernel_choices(plan.labels());
+  };
   run.on_session_start = [&](int64_t step, bool) { metrics.set_global_step(step); };
 
   // 3. Join the data-parallel group (a no-op for one replica), train.

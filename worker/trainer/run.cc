@@ -11,8 +11,11 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
+#include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/supervisor.h"
 
@@ -73,6 +76,30 @@ class GraceWatchdog {
   std::thread thread_;
 };
 
+// The labels of a device plan as one JSON object.
+std::string kernels_json(const selfcheck::DevicePlan& plan) {
+  nlohmann::json j = nlohmann::json::object();
+  j["device"] = plan.device;
+  for (const auto& [key, value] : plan.labels()) j[key] = value;
+  return j.dump();
+}
+
+// A TensorBoard text summary: plugin "text", a scalar DT_STRING tensor holding Markdown (the
+// text is shown preformatted: indented by four spaces).
+tensorboard::Summary text_summary(const std::string& tag, const std::string& text) {
+  tensorboard::Summary summary;
+  auto* value = summary.add_value();
+  value->set_tag(tag);
+  value->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
+  auto* tensor = value->mutable_tensor();
+  tensor->set_dtype(tensorboard::DT_STRING);
+  std::string markdown;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) markdown += "    " + line + "\n";
+  tensor->add_string_val(markdown);
+  return summary;
+}
+
 }  // namespace
 
 std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config) {
@@ -122,20 +149,26 @@ RunResult run_training(const RunOptions& options) {
 
   // 3. Model and trainer.
   std::unique_ptr<model::LanguageModel> model;
+  selfcheck::DevicePlan plan;
   try {
-    model = make_model(config, model_config);
+    ModelOnDevice made = make_model_on_device(config, model_config);
+    model = std::move(made.model);
+    plan = std::move(made.plan);
   } catch (const Error& e) {  // device: cuda without a usable GPU, activations do not fit, ...
     throw InvalidArgument(
         (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
         ": device " + config.device + ": " + e.what());
   }
   if (options.on_model) options.on_model(*model);
+  if (options.on_device_plan) options.on_device_plan(plan);
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
   if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);
   if (options.start_reducing_gradients) {
     trainer.set_last_backward_hook(options.start_reducing_gradients);
   }
+  trainer.set_checkpoint_metadata("device", plan.summary());
+  trainer.set_checkpoint_metadata("kernels", kernels_json(plan));
   // The watchdog judges the mean loss over replicas, so all replicas agree on a bad step.
   if (options.average_loss) trainer.set_loss_reducer(options.average_loss);
 
@@ -196,6 +229,8 @@ RunResult run_training(const RunOptions& options) {
            << " | logdir " << options.logdir.string() << "\n";
       out << head.str() << std::flush;
     }
+    // What this run trains on and why, as the events file's first summary (TensorBoard: Text).
+    sv.summary_computed(text_summary("device", plan.details()), start_step);
     double ema_step_seconds = 0;
     int64_t last_eval_step = -1;
     auto run_eval = [&](int64_t step) {

@@ -39,6 +39,11 @@ struct RunOptions {
   // Called once the model exists, before the session: model.device_name() is where it trains
   // ("cuda", or "cpu" also when `device: auto` fell back).
   std::function<void(const model::LanguageModel&)> on_model;
+  // Called once the device is chosen, with the plan (device, kernels, self-check report): the
+  // metrics' build_info labels. The run also logs it, writes it as the text summary "device" at
+  // the session's first step into the events file, and into every checkpoint's metadata
+  // ("device": the summary line, "kernels": the labels as JSON).
+  std::function<void(const selfcheck::DevicePlan&)> on_device_plan;
   // Called once the session is ready (restored or initialised) with the starting step.
   std::function<void(int64_t step, bool restored)> on_session_start;
   // Observers of checkpoint saves/restores (metrics); not owned.

@@ -33,6 +33,7 @@
 #include "longhaul/model/config.h"
 #include "longhaul/model/language_model.h"
 #include "longhaul/model/lr_schedule.h"
+#include "longhaul/selfcheck/device_plan.h"
 #include "longhaul/supervisor/training_state.h"
 #include "longhaul/trainer/config.h"
 #include "longhaul/trainer/watchdog.h"
@@ -54,8 +55,16 @@ class CheckpointError : public Error {
 };
 
 // Creates the model on the device the config asks for: `cpu`; `cuda` (Unavailable when this
-// build or machine has no usable GPU, or whatever error the GPU gives at start); `auto` = cuda
-// when a GPU is usable and the CUDA model starts on it, else cpu with a WARNING saying why.
+// build or machine has no usable GPU, FailedPrecondition when the GPU fails the start-up
+// self-check, or whatever error the GPU gives at start); `auto` = cuda when a GPU is usable,
+// passes the self-check (cuda.self_check) and the CUDA model starts on it, else cpu with a
+// WARNING saying why. The plan says which device and kernels were chosen (selfcheck/
+// device_plan.h): the run logs it, exports it, and writes it into events and checkpoints.
+struct ModelOnDevice {
+  std::unique_ptr<model::LanguageModel> model;
+  selfcheck::DevicePlan plan;
+};
+ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape);
 std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
                                                  const model::GPT2Config& shape);
 
