@@ -67,6 +67,14 @@ struct PrepareArgs {
 };
 int run_prepare(const PrepareArgs& args);
 
+struct DoctorArgs {
+  std::string device = "auto";  // auto | cpu | cuda
+  bool json = false;
+  std::string config;  // the model whose head size/vocabulary the self-check uses
+  std::vector<std::string> sets;
+};
+int run_doctor(const DoctorArgs& args);
+
 // Data-parallel replicas (launch_command.cc). join_replica_group forms the group when the
 // world has more than one replica (null otherwise) and sets run's sync/gradient/stop hooks;
 // the returned object must outlive run_training. finish_replica returns 138 for a replica that

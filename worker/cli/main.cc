@@ -3,6 +3,7 @@
 //   eval          mean loss of a checkpoint over token shards
 //   inspect       what a logdir holds and what a restart would restore
 //   prepare-data  text files -> byte-level token shards
+//   doctor        what works on this machine: GPU/CPU self-check, chosen path, measurements
 // `longhaul-worker <command> --help` describes each; exit codes are listed in exit_codes.h.
 #include <iostream>
 
@@ -128,6 +129,20 @@ int main(int argc, char** argv) {
       ->add_option("--shard-tokens", prepare.shard_tokens, "tokens per shard (default 10000000)")
       ->check(CLI::PositiveNumber);
 
+  DoctorArgs doctor;
+  auto* doctor_cmd = app.add_subcommand(
+      "doctor",
+      "Check this machine for training: build, driver, GPUs, the self-check of every kernel "
+      "against the reference (PASS/FAIL/FALLBACK), the path train would take, and matmul / "
+      "memory / PCIe measurements against nominal peaks. Without a GPU: the CPU path. Exit 0 "
+      "when every check passed, 1 when one failed, 2 for --device cuda without a usable GPU.");
+  doctor_cmd->add_option("--device", doctor.device, "auto (default), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  doctor_cmd->add_flag("--json", doctor.json, "print one JSON object");
+  doctor_cmd->add_option("--config,-c", doctor.config,
+                         "the training config whose model shape the self-check uses");
+  doctor_cmd->add_option("--set", doctor.sets, "override a config key")->allow_extra_args(false);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -140,6 +155,7 @@ int main(int argc, char** argv) {
     if (*eval_cmd) return run_eval(eval);
     if (*inspect_cmd) return run_inspect(inspect);
     if (*prepare_cmd) return run_prepare(prepare);
+    if (*doctor_cmd) return run_doctor(doctor);
   } catch (...) {
     return report_error(std::current_exception());
   }
