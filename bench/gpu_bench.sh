@@ -6,17 +6,22 @@
 # LONGHAUL_GPU_BENCH_DIRECT=1 skips CMake and builds directly with nvcc/g++;
 # LONGHAUL_GPU_BENCH_BUILD overrides the build folder (default build/gpu-bench);
 # LONGHAUL_GPU_BENCH_JOBS the number of parallel compiles (default: all cores);
-# LONGHAUL_GPU_TESTS_DIR names a folder holding prebuilt kernels_cuda_test and backend_cuda_test
-# (and, in lib/, shared libraries they need that the GPU machine lacks, e.g. OpenBLAS): a bare
+# LONGHAUL_GPU_TESTS_DIR names a folder holding prebuilt kernels_cuda_test, backend_cuda_test,
+# selfcheck_test and longhaul-worker (and, in lib/, shared libraries they need that the GPU
+# machine lacks, e.g. OpenBLAS; bench/pack_gpu_tests.sh makes it): a bare
 # GPU machine cannot configure the whole project (no GoogleTest, OpenBLAS, protobuf, ...), so
 # build the suites on a development machine and carry them (worker/kernels/cuda/NOTES.md).
 #
 # 1. builds longhaul_gpu_bench and the CUDA test suites (Release, sm_90) in build/gpu-bench —
 #    through CMake when the project's dependencies are installed, otherwise directly with nvcc
 #    from the few sources the benchmark needs (GPU machines may carry only the CUDA toolkit);
-# 2. checks correctness quickly: the CUDA kernel and model suites (each kernel against the CPU
-#    reference, one training step against the CPU model, determinism) when they could be built;
-#    always `longhaul_gpu_bench --check` (flash vs cuBLASLt attention, a falling loss, bit-exact
+# 2. checks correctness quickly: the CUDA kernel, model and self-check suites (each kernel against
+#    the CPU reference, one training step against the CPU model, determinism) when they could be
+#    built; `longhaul-worker doctor --json` (the start-up self-check of every kernel family on
+#    this GPU with its fallbacks, and matmul/memory/PCIe against peak; saved to
+#    $BUILD/doctor.json) and a 20-step `train --set device=cuda` (the self-check in the real
+#    start-up path, exit 0 required) when the worker binary is there; always
+#    `longhaul_gpu_bench --check` (flash vs cuBLASLt attention, a falling loss, bit-exact
 #    reruns) and a plausible loss in the timed run;
 # 3. trains GPT-2 124M at T=1024 (vocab padded to 50304 inside the backend) with the largest
 #    micro-batch that fits (or --batch), with the flash attention kernels (the default) and again
@@ -46,7 +51,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS=$2; shift 2 ;;
     --peak-tflops) PEAK=$2; shift 2 ;;
     --build-only) BUILD_ONLY=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -80,7 +85,8 @@ if [[ ${LONGHAUL_GPU_BENCH_DIRECT:-0} != 1 ]] &&
      -DCMAKE_CUDA_ARCHITECTURES=90 -DLONGHAUL_BUILD_OPERATOR=OFF >"$BUILD/configure.log" 2>&1; then
   cmake --build "$BUILD" --target longhaul_gpu_bench -j "$JOBS"
   BENCH=$BUILD/bench/longhaul_gpu_bench
-  if cmake --build "$BUILD" --target kernels_cuda_test backend_cuda_test -j "$JOBS" \
+  if cmake --build "$BUILD" --target kernels_cuda_test backend_cuda_test selfcheck_test \
+       longhaul-worker -j "$JOBS" \
        >"$BUILD/tests-build.log" 2>&1; then
     TESTS_BUILT=1
   else
@@ -143,7 +149,7 @@ elif [[ -n ${LONGHAUL_GPU_TESTS_DIR:-} ]]; then
 fi
 if [[ -n $SUITE_DIR ]]; then
   echo "== correctness: CUDA kernels vs CPU reference, CUDA model vs CPU model ($SUITE_DIR) =="
-  for suite in kernels_cuda_test backend_cuda_test; do
+  for suite in kernels_cuda_test backend_cuda_test selfcheck_test; do
     exe=$(find "$SUITE_DIR" -name "$suite" -type f -perm -u+x 2>/dev/null | head -n 1 || true)
     if [[ -z $exe ]]; then
       echo "gpu_bench: $suite not found under $SUITE_DIR" >&2
@@ -152,6 +158,28 @@ if [[ -n $SUITE_DIR ]]; then
     fi
     step "$suite" env LD_LIBRARY_PATH="$SUITE_LD" "$exe" --gtest_brief=1 || true
   done
+  worker=$(find "$SUITE_DIR" -name longhaul-worker -type f -perm -u+x 2>/dev/null | head -n 1 || true)
+  if [[ -n $worker ]]; then
+    echo "== self-check and doctor on this GPU ($worker doctor --json -> $BUILD/doctor.json) =="
+    # The GPT-2 124M shape: head size 64, so the flash attention kernels are checked too.
+    if env LD_LIBRARY_PATH="$SUITE_LD" "$worker" doctor --json --set model.preset=gpt2-124m \
+         >"$BUILD/doctor.json"; then
+      python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({k: d[k] for k in ("chosen", "passed")}), json.dumps(d["gpu"].get("measurements", {})))' \
+        "$BUILD/doctor.json" || FAILED+=("doctor --json output")
+    else
+      FAILED+=("longhaul-worker doctor (see $BUILD/doctor.json)")
+    fi
+    step "longhaul-worker doctor (text)" env LD_LIBRARY_PATH="$SUITE_LD" "$worker" doctor \
+      --set model.preset=gpt2-124m || true
+    echo "== train 20 steps with device: cuda (start-up self-check, fallbacks, watchdog) =="
+    rm -rf "$BUILD/selfcheck-run"
+    step "train --set device=cuda" env LD_LIBRARY_PATH="$SUITE_LD" "$worker" train \
+      --logdir "$BUILD/selfcheck-run" --set device=cuda --set training.max_steps=20 \
+      --set log.every_steps=5 || true
+  else
+    echo "gpu_bench: longhaul-worker not found under $SUITE_DIR" >&2
+    FAILED+=("longhaul-worker (missing)")
+  fi
 else
   echo "== correctness: test suites not built here (no GoogleTest/OpenBLAS on this machine;" \
        "set LONGHAUL_GPU_TESTS_DIR to prebuilt ones) =="

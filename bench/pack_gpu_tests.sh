@@ -5,16 +5,19 @@
 #
 # A GPU machine lent for a session carries the CUDA toolkit but not the project's dependencies
 # (GoogleTest, OpenBLAS, protobuf, ...), so it cannot configure the whole project. This script
-# builds kernels_cuda_test and backend_cuda_test here (Release, sm_90, CUDA on), strips them, and
-# copies beside them, in lib/, every shared library they load from outside the CUDA toolkit and
-# the C/C++ runtime (OpenBLAS and its Fortran runtime). The folder is git-ignored: hand it to the
-# device with `carry: ["build/gpu-tests"]` and run there
+# builds here (Release, sm_90, CUDA on) kernels_cuda_test, backend_cuda_test, selfcheck_test and
+# the longhaul-worker binary, strips them, and copies beside them, in lib/, every shared library
+# they load from outside the CUDA toolkit and the C/C++ runtime (OpenBLAS, protobuf, yaml-cpp,
+# cpprest, ...). The folder is git-ignored: hand it to the device with
+# `carry: ["build/gpu-tests"]` and run there, in one call,
 #
 #   LONGHAUL_GPU_TESTS_DIR=build/gpu-tests bench/gpu_bench.sh
 #
-# which runs both suites (every kernel against its CPU reference, the model against the CPU
-# model, determinism) before the timing table. Prints the folder's size (the carry limit is
-# 64 MiB for everything carried).
+# which runs the suites (every kernel against its CPU reference, the model against the CPU model,
+# determinism), `longhaul-worker doctor --json` (the start-up self-check of every kernel family on
+# the real GPU, fallbacks, matmul/memory/PCIe against peak), a short `train --set device=cuda`
+# (the self-check in the real start-up path), then the timing table. Prints the folder's size
+# (the carry limit is 64 MiB for everything carried).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +27,7 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --build-dir) BUILD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "pack_gpu_tests.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -39,11 +42,12 @@ if [[ ! -f $BUILD/build.ninja ]]; then
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DLONGHAUL_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90
 fi
-cmake --build "$BUILD" --target kernels_cuda_test backend_cuda_test -j"${LONGHAUL_JOBS:-2}"
+TARGETS=(kernels_cuda_test backend_cuda_test selfcheck_test longhaul-worker)
+cmake --build "$BUILD" --target "${TARGETS[@]}" -j"${LONGHAUL_JOBS:-2}"
 
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
-for name in kernels_cuda_test backend_cuda_test; do
+for name in "${TARGETS[@]}"; do
   bin=$(find "$BUILD" -name "$name" -type f -perm -u+x | head -1)
   if [[ -z $bin ]]; then
     echo "pack_gpu_tests.sh: $name was not built in $BUILD" >&2
