@@ -356,7 +356,10 @@ void DataParallel::allreduce_whole(model::LanguageModel& model) {
   } else if (device_ || nccl_available()) {
     // A CUDA model: NCCL, created at the first step on the training thread (whose current
     // device is the model's), bootstrapped over this group's communicator.
-    if (!device_) device_ = make_nccl_allreduce(*comm_, -1, options_.device_timeout);
+    if (!device_) {
+      device_ = make_nccl_allreduce(*comm_, -1, options_.device_timeout);
+      verify_device_allreduce(*device_, rank(), world_size());  // selfcheck: before any update
+    }
     device_->allreduce_mean(grads.data(), grads.size());
     // ncclAvg: already the mean.
   } else {

@@ -5,11 +5,13 @@
 #if defined(LONGHAUL_HAVE_NCCL)
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "longhaul/base/log.h"
+#include "longhaul/selfcheck/selfcheck.h"
 #endif
 
 namespace longhaul::dist {
@@ -127,9 +129,40 @@ std::unique_ptr<DeviceAllreduce> make_nccl_allreduce(Communicator& comm, int dev
   return std::make_unique<NcclAllreduce>(comm, device, timeout);
 }
 
+void verify_device_allreduce(DeviceAllreduce& allreduce, int rank, int world_size) {
+  const selfcheck::CollectiveCheck check = selfcheck::check_allreduce_mean(
+      [&](std::vector<float>& host) {
+        float* device = nullptr;
+        const size_t bytes = host.size() * sizeof(float);
+        LH_DIST_CUDA(cudaMalloc(&device, bytes));
+        try {
+          LH_DIST_CUDA(cudaMemcpy(device, host.data(), bytes, cudaMemcpyHostToDevice));
+          allreduce.allreduce_mean(device, host.size());
+          LH_DIST_CUDA(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
+        } catch (...) {
+          cudaFree(device);
+          throw;
+        }
+        cudaFree(device);
+      },
+      "nccl", rank, world_size);
+  if (!check.passed) {
+    throw InvalidArgument(
+        "the GPUs failed the start-up self-check of the gradient all-reduce: " + check.failure +
+        ". Check the interconnect and NCCL_* settings (run `longhaul-worker "
+        "doctor` on each node), or train on the CPU");
+  }
+  LH_LOG(INFO) << "self-check: NCCL all-reduce matches the reference" << kv("rank", rank)
+               << kv("world_size", world_size) << kv("relative_error", check.error);
+}
+
 #else
 
 bool nccl_available() { return false; }
+
+void verify_device_allreduce(DeviceAllreduce&, int, int) {
+  throw FailedPrecondition("this longhaul-worker was built without NCCL");
+}
 
 std::unique_ptr<DeviceAllreduce> make_nccl_allreduce(Communicator&, int,
                                                      std::chrono::milliseconds) {

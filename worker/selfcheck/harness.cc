@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <sstream>
 
 #include "longhaul/base/error.h"
@@ -312,6 +313,45 @@ Report run_self_check(const Registry& registry, const CheckShape& shape,
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
+}
+
+CollectiveCheck check_allreduce_mean(const std::function<void(std::vector<float>&)>& allreduce_mean,
+                                     const std::string& implementation, int rank, int world_size,
+                                     size_t count, uint64_t seed) {
+  auto values_of = [&](int r) {
+    std::mt19937_64 rng(seed * 7919u + static_cast<uint64_t>(r));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    std::vector<float> v(count);
+    for (float& x : v) x = d(rng);
+    return v;
+  };
+  std::vector<double> mean(count, 0.0);
+  for (int r = 0; r < world_size; ++r) {
+    const std::vector<float> v = values_of(r);
+    for (size_t i = 0; i < count; ++i) mean[i] += v[i];
+  }
+  std::vector<float> want(count);
+  for (size_t i = 0; i < count; ++i) want[i] = static_cast<float>(mean[i] / world_size);
+  CollectiveCheck c;
+  const std::string where = "allreduce/" + implementation + " (rank " + std::to_string(rank) +
+                            " of " + std::to_string(world_size) + ", " + std::to_string(count) +
+                            " floats)";
+  try {
+    std::vector<float> got = values_of(rank);
+    allreduce_mean(got);
+    const OutputCheck o = compare(got, want);
+    c.error = o.error;
+    c.max_abs_error = o.max_abs_error;
+    c.passed = c.error <= c.tolerance;
+    if (!c.passed) {
+      c.failure = where + ": relative error " + sci(c.error) + " > tolerance " + sci(c.tolerance) +
+                  " (max abs error " + sci(c.max_abs_error) + ")";
+    }
+  } catch (const std::exception& e) {
+    c.passed = false;
+    c.failure = where + ": failed to run: " + e.what();
+  }
+  return c;
 }
 
 }  // namespace longhaul::selfcheck

@@ -158,6 +158,33 @@ TEST(SelfCheckTest, AnImplementationThatThrowsIsAFailureNotACrash) {
                InvalidArgument);
 }
 
+TEST(SelfCheckTest, AllreduceCheckAcceptsTheMeanAndNamesAWrongCollective) {
+  // Two ranks simulated in one process: the "collective" replaces the values by the true mean
+  // (rank 0's and rank 1's values are regenerated from the same seeds the check uses).
+  const int world = 2;
+  std::vector<std::vector<float>> all(world);
+  auto record = [&](int rank) { return [&all, rank](std::vector<float>& v) { all[rank] = v; }; };
+  for (int r = 0; r < world; ++r) check_allreduce_mean(record(r), "test", r, world, 1000);
+  auto mean = [&](std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * (all[0][i] + all[1][i]);
+  };
+  const CollectiveCheck good = check_allreduce_mean(mean, "nccl", 1, world, 1000);
+  EXPECT_TRUE(good.passed) << good.failure;
+  EXPECT_LE(good.error, good.tolerance);
+  // A sum where a mean is promised (a wrong reduction op), and a collective that does nothing.
+  auto sum = [&](std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = all[0][i] + all[1][i];
+  };
+  const CollectiveCheck wrong = check_allreduce_mean(sum, "nccl", 1, world, 1000);
+  EXPECT_FALSE(wrong.passed);
+  EXPECT_TRUE(contains(wrong.failure, "allreduce/nccl (rank 1 of 2, 1000 floats): relative error "))
+      << wrong.failure;
+  EXPECT_FALSE(check_allreduce_mean([](std::vector<float>&) {}, "nccl", 0, world, 1000).passed);
+  const CollectiveCheck thrown = check_allreduce_mean(
+      [](std::vector<float>&) { throw Aborted("peer lost"); }, "nccl", 0, world, 1000);
+  EXPECT_TRUE(contains(thrown.failure, "failed to run: peer lost")) << thrown.failure;
+}
+
 TEST(DevicePlanTest, AHealthyDeviceGetsThePreferredKernels) {
   const Registry device = fake_device();
   const DevicePlan plan = plan_device(gpt2_like(), fake_plan("auto", &device));

@@ -7,7 +7,8 @@
 // process: allreduce_mean polls the stream and ncclCommGetAsyncError, and after
 // `timeout` (or on an async error) aborts the communicator (ncclCommAbort) and throws Aborted.
 //
-// The reduction is ncclAvg: after allreduce_mean the buffer holds the mean over ranks.
+// The reduction is ncclAvg: after allreduce_mean the buffer holds the mean over ranks, which
+// verify_device_allreduce checks once before the first gradients are reduced.
 //
 // Thread-safety: one training thread; the model's CUDA device must be current on it.
 #pragma once
@@ -28,5 +29,12 @@ bool nccl_available();
 // FailedPrecondition when the build has no NCCL, Aborted when NCCL cannot form the group.
 std::unique_ptr<DeviceAllreduce> make_nccl_allreduce(Communicator& comm, int device,
                                                      std::chrono::milliseconds timeout);
+
+// The start-up self-check of the device all-reduce (selfcheck::check_allreduce_mean on 1 Mi
+// floats in device memory of the current device): called once, right after the communicator is
+// made and before the first gradients are reduced. Throws InvalidArgument (exit 2) naming the
+// collective, the rank, the error and the tolerance when the mean is wrong, so no update is
+// ever applied with wrongly reduced gradients.
+void verify_device_allreduce(DeviceAllreduce& allreduce, int rank, int world_size);
 
 }  // namespace longhaul::dist

@@ -182,6 +182,23 @@ struct Report {
   std::string to_text() const;
 };
 
+// The collective check of data-parallel replicas (NCCL all-reduce on GPUs): every rank fills
+// `count` floats from (seed, rank), calls `allreduce_mean` on them (host in, host out: a device
+// implementation uploads, reduces and downloads), and compares the result with the mean of all
+// ranks' values, which each rank computes itself in double. Tolerance 1e-6 relative L2 (an fp32
+// sum of world_size values). Every rank reaches the same verdict when the collective is wrong
+// everywhere; a rank that alone sees wrong values fails alone (its peers then lose it).
+struct CollectiveCheck {
+  bool passed = false;
+  double error = 0;
+  double max_abs_error = 0;
+  double tolerance = 1e-6;
+  std::string failure;  // "allreduce/nccl (rank 1 of 4, 1048576 floats): relative error ..."
+};
+CollectiveCheck check_allreduce_mean(const std::function<void(std::vector<float>&)>& allreduce_mean,
+                                     const std::string& implementation, int rank, int world_size,
+                                     size_t count = size_t{1} << 20, uint64_t seed = 20261124);
+
 // Runs every family in `families` through the registry: for each, its implementations in
 // order until one passes. A family with no implementation in the registry is reported FAIL
 // ("no implementation"). Never throws for a kernel failure (that is the report's job).
