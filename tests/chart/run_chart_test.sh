@@ -4,7 +4,8 @@
 # Helm SDK or the validators FAILS, naming the packages, because a silent pass would hide a
 # broken chart.
 #
-#   tests/chart/run_chart_test.sh [pytest args]      venv: ${LONGHAUL_VENV:-<repo>/.venv}
+#   tests/chart/run_chart_test.sh [FILE_test.py ...] [pytest args]   venv: ${LONGHAUL_VENV:-<repo>/.venv}
+# Without test files it runs chart_test.py and images_test.py.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -23,4 +24,7 @@ if ! "$python" -c "import helm_python, kubernetes_validate, jsonschema, yaml, py
   exit 1
 fi
 cd "$here"
-exec "$python" -m pytest -q -p no:cacheprovider chart_test.py images_test.py "$@"
+files=()
+while (($#)) && [[ "$1" == *_test.py ]]; do files+=("$1"); shift; done
+if ((${#files[@]} == 0)); then files=(chart_test.py images_test.py); fi
+exec "$python" -m pytest -q -p no:cacheprovider -rs "${files[@]}" "$@"

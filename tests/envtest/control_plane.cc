@@ -1,5 +1,6 @@
 #include "longhaul/envtest/control_plane.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -251,6 +252,8 @@ std::unique_ptr<ControlPlane> ControlPlane::start(const Assets& assets,
             }
           },
           options.start_timeout);
+
+      for (const fs::path& crd : options.crds) plane->install_crd(crd);
 
       if (options.controller_manager) {
         int kcm_port = testing::free_loopback_port();
@@ -573,11 +576,22 @@ void ControlPlane::install_crd(const fs::path& yaml_file) const {
           if (v.value("storage", false)) version = v.value("name", "");
         }
         const std::string kind = got["spec"]["names"].value("kind", "");
-        try {
-          resource_for(group + "/" + version, kind);
-          break;
-        } catch (const Error&) {
-          // Not in discovery yet.
+        // Served, and listed in the group discovery (/apis) that clients such as the
+        // controller manager's garbage collector start from.
+        bool listed = false;
+        for (const json& g : call("GET", "/apis").value("groups", json::array())) {
+          if (g.value("name", "") != group) continue;
+          for (const json& v : g.value("versions", json::array())) {
+            if (v.value("version", "") == version) listed = true;
+          }
+        }
+        if (listed) {
+          try {
+            resource_for(group + "/" + version, kind);
+            break;
+          } catch (const Error&) {
+            // Not in the version's discovery yet.
+          }
         }
       }
       if (Clock::now() > deadline) {
@@ -591,6 +605,16 @@ void ControlPlane::install_crd(const fs::path& yaml_file) const {
 }
 
 // ---- the process-wide plane ----
+
+std::vector<fs::path> project_crds() {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(source_dir() / "crds", ec)) {
+    if (entry.path().extension() == ".yaml") out.push_back(entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 ControlPlane* shared_control_plane(std::string* why) {
   static std::mutex mu;
@@ -612,7 +636,9 @@ ControlPlane* shared_control_plane(std::string* why) {
     return nullptr;
   }
   try {
-    plane = ControlPlane::start(*assets);
+    ControlPlaneOptions options;
+    options.crds = project_crds();
+    plane = ControlPlane::start(*assets, options);
   } catch (const std::exception& e) {
     failed = std::string("envtest: the control plane failed to start: ") + e.what();
     throw Unavailable(failed);

@@ -4,7 +4,7 @@
 // For developers (`kubectl --kubeconfig ...` against a real API server in seconds) and for test
 // drivers in other languages (--info-file is written once the plane is ready).
 //
-//   longhaul-envtest [--no-crds] [--info-file F] [--kubeconfig-out F]
+//   longhaul-envtest [--no-crds] [--crd FILE]... [--info-file F] [--kubeconfig-out F]
 #include <csignal>
 #include <iostream>
 #include <string>
@@ -24,7 +24,12 @@ int main(int argc, char** argv) {
   bool no_crds = false;
   std::string info_file;
   std::string kubeconfig_out;
+  std::vector<std::string> extra_crds;
   app.add_flag("--no-crds", no_crds, "do not install the TrainingJob CRD from crds/");
+  app.add_option("--crd", extra_crds,
+                 "also install this CRD manifest before the controller manager starts "
+                 "(repeatable)")
+      ->check(CLI::ExistingFile);
   app.add_option("--info-file", info_file,
                  "write {server, kubeconfig, caFile, workDir, pids} as JSON here once ready");
   app.add_option("--kubeconfig-out", kubeconfig_out, "also copy the admin kubeconfig to this path");

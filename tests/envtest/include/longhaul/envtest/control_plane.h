@@ -72,6 +72,9 @@ struct ControlPlaneOptions {
   bool controller_manager = true;  // ServiceAccounts, garbage collection, namespace deletion
   std::chrono::seconds start_timeout{180};  // per component; generous for a loaded 2-core box
   std::vector<std::string> extra_apiserver_flags;  // e.g. "--audit-policy-file=..."
+  // CRD manifests installed (and waited for) before the controller manager starts, so that its
+  // garbage collector knows their kinds from the start instead of after its 30 s rediscovery.
+  std::vector<fs::path> crds;
 };
 
 class ControlPlane {
@@ -168,10 +171,14 @@ class ControlPlane {
 std::vector<json> load_manifests(const fs::path& path);
 std::vector<json> parse_manifests(const std::string& yaml_text, const std::string& origin);
 
-// The process-wide control plane, started on the first call and stopped when the process exits
-// (its children die with it also on a crash). Returns nullptr with the reason (assets_help()) in
-// *why when the binaries are missing; throws when they are present but the plane fails to start
-// (that is a failure, not a skip). Call it from the main thread (see PR_SET_PDEATHSIG above).
+// The project's CRD manifests (<source>/crds/*.yaml).
+std::vector<fs::path> project_crds();
+
+// The process-wide control plane with the project's CRDs installed, started on the first call
+// and stopped when the process exits (its children die with it also on a crash). Returns nullptr
+// with the reason (assets_help()) in *why when the binaries are missing; throws when they are
+// present but the plane fails to start (that is a failure, not a skip). Call it from the main
+// thread (see PR_SET_PDEATHSIG above).
 ControlPlane* shared_control_plane(std::string* why);
 
 // The source tree ($LONGHAUL_SOURCE_DIR, else the one this library was built from).
