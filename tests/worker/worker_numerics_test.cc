@@ -84,6 +84,20 @@ TEST_F(WorkerNumericsTest, SkipStepDropsTheBadUpdateCountsItAndFinishes) {
   EXPECT_EQ(last.metadata().at("optimizer_step_count"), "9");
 }
 
+TEST_F(WorkerNumericsTest, DataParallelReplicasStopTogetherAndLaunchDoesNotRestart) {
+  // Both replicas see the NaN (the environment is inherited); the all-reduced norm and the
+  // averaged loss make them reach the same verdict at the same step, and exit 5 is permanent.
+  RunOutput r =
+      run_worker({"launch", "--replicas", "2", "--max-restarts", "3", "--", "train", "--config",
+                  "small.yaml", "--logdir", "dp", "--set", "supervisor.recovery_wait_secs=0.2"},
+                 dir_, 240s, {{"LONGHAUL_TEST_NAN_GRADIENT_AT_STEP", "7"}});
+  EXPECT_EQ(r.exit_code, 5) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "step 7: non-finite gradient norm (nan)")) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting the whole group")) << r.err;
+  EXPECT_EQ(state_file_latest_step(dir_ / "dp"), 5);
+  ASSERT_EQ(checkpoint_files(dir_ / "dp").size(), 1u);
+}
+
 TEST_F(WorkerNumericsTest, BadPolicyValueIsAConfigError) {
   RunOutput r = run_worker({"train", "--config", "small.yaml", "--logdir", "run", "--set",
                             "training.on_nonfinite=ignore"},
