@@ -78,11 +78,13 @@ class Run {
     copy_in(d->get(), host.data(), host.size() * sizeof(float));
     return d;
   }
-  std::unique_ptr<Device<int32_t>> ints_of(const std::vector<int32_t>& host) {
-    auto d = std::make_unique<Device<int32_t>>(host.size());
-    copy_in(d->get(), host.data(), host.size() * sizeof(int32_t));
+  template <typename T>
+  std::unique_ptr<Device<T>> of(const std::vector<T>& host) {
+    auto d = std::make_unique<Device<T>>(host.size());
+    copy_in(d->get(), host.data(), host.size() * sizeof(T));
     return d;
   }
+  std::unique_ptr<Device<int32_t>> ints_of(const std::vector<int32_t>& host) { return of(host); }
   template <typename T>
   std::unique_ptr<Device<T>> poisoned(size_t n) {
     auto d = std::make_unique<Device<T>>(n);
@@ -333,9 +335,7 @@ Tensors adamw(int device, const Case& c) {
                                    static_cast<int>(std::min<size_t>(k::kAdamWChunk, n - start)),
                                    1});
   }
-  auto d_chunks = std::make_unique<Device<k::AdamWChunk>>(chunks.size());
-  LH_CUDA_CHECK(cudaMemcpy(d_chunks->get(), chunks.data(), chunks.size() * sizeof(chunks[0]),
-                           cudaMemcpyHostToDevice));
+  auto d_chunks = run.of(chunks);  // on the run's stream, complete on return
   k::AdamWHyper h;
   h.lr = static_cast<float>(c.scalars.at("lr"));
   h.beta1 = static_cast<float>(c.scalars.at("beta1"));

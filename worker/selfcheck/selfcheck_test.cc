@@ -7,12 +7,14 @@
 #include "longhaul/selfcheck/selfcheck.h"
 
 #include <algorithm>
+#include <iostream>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/selfcheck/cuda_registry.h"
 #include "longhaul/selfcheck/device_plan.h"
 #include "selfcheck_internal.h"
 
@@ -104,6 +106,30 @@ TEST(SelfCheckTest, CpuKernelsPassTheReferenceAtRealHeadSizes) {
   }
   EXPECT_EQ(check_shape_for(128, 4, 256, 128).HS, 32);
   EXPECT_EQ(check_shape_for(768, 12, 50257, 1024).to_string(), "B=2 T=80 C=128 NH=2 HS=64 V=300");
+}
+
+// On a GPU: the real CUDA kernels pass at both head sizes (64 takes the flash kernels, 32 the
+// cuBLAS attention path), and the real plan trains on the GPU with the preferred kernels.
+TEST(SelfCheckTest, CudaKernelsPassTheReferenceOnThisGpu) {
+  std::string why;
+  if (!backend_cuda::cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  for (const CheckShape& shape :
+       {check_shape_for(768, 12, 50257, 1024), check_shape_for(128, 4, 256, 128)}) {
+    Report r = run_self_check(cuda_kernel_registry(0), shape, cuda_families());
+    r.backend = "cuda";
+    EXPECT_TRUE(r.passed()) << r.to_text();
+    for (const FamilyResult& f : r.families) {
+      EXPECT_EQ(f.status, Status::kPass) << family_name(f.family) << "\n" << r.to_text();
+    }
+    std::cout << r.to_text();
+  }
+  PlanOptions options;
+  options.device = "cuda";
+  const DevicePlan plan = plan_device(gpt2_like(), options);
+  EXPECT_EQ(plan.device, "cuda");
+  EXPECT_EQ(plan.self_check, "passed") << plan.details();
+  EXPECT_TRUE(plan.report->model_step.passed) << plan.report->model_step.failure;
+  std::cout << plan.details();
 }
 
 // Every family's check catches a wrong kernel in each of its outputs.
