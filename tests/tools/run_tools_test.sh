@@ -8,7 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${LONGHAUL_VENV:-$here/../../.venv}"
 script="${2:-logdir_test.py}"
 imports="import tensorboard, safetensors, numpy"
-[[ "$script" == tokenizer_test.py ]] && imports="$imports, tokenizers"
+[[ "$script" != logdir_test.py ]] && imports="$imports, tokenizers"
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "$imports" 2>/dev/null; then
   echo "SKIPPED: no test venv at $venv that can '$imports';" \
     "run scripts/setup-venv.sh (or set LONGHAUL_VENV)"

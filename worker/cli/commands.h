@@ -75,6 +75,31 @@ struct DoctorArgs {
 };
 int run_doctor(const DoctorArgs& args);
 
+struct SampleArgs {
+  std::string checkpoint;
+  std::string prompt;
+  int tokens = 256;
+  double temperature = 1.0;  // 0: greedy
+  int top_k = 0;             // 0: no limit
+  uint64_t seed = 1337;
+  std::string device = "auto";  // auto | cpu (sampling runs on the CPU)
+  std::string vocab, merges;    // gpt2 tokenizer files (default: the checkpoint's logdir's)
+  std::string config;           // model shape for files without longhaul metadata
+  std::vector<std::string> sets;
+  bool ignore_end_of_text = false;
+};
+int run_sample(const SampleArgs& args);
+
+struct ExportArgs {
+  std::string checkpoint;
+  std::string output;
+  std::string format = "hf";  // hf | llmc
+  std::string vocab, merges;
+  std::string config;
+  std::vector<std::string> sets;
+};
+int run_export(const ExportArgs& args);
+
 // Data-parallel replicas (launch_command.cc). join_replica_group forms the group when the
 // world has more than one replica (null otherwise) and sets run's sync/gradient/stop hooks;
 // the returned object must outlive run_training. finish_replica returns 138 for a replica that

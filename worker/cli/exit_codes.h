@@ -1,16 +1,16 @@
 // Exit codes of longhaul-worker. The operator's restart policy classifies pods by them (1-127
 // permanent, 128-255 retryable by default), so they are part of the interface:
 //
-//   0    finished: max_steps reached (final checkpoint committed), or eval/inspect/prepare-data
-//        succeeded
+//   0    finished: max_steps reached (final checkpoint committed), or eval/inspect/prepare-data/
+//        sample/export succeeded
 //   1    other permanent error (unwritable logdir, metrics port busy, internal error)
 //   2    bad usage or bad config: unknown flag, missing/garbled config file, unknown key, bad
 //        value (the message names the key and the file)
 //   3    bad data: no file matches a glob, wrong shard magic/version, truncated shard, token id
 //        outside the vocabulary, too little data for one batch
 //   4    incompatible or corrupt checkpoint: a checkpoint of another model shape (the message
-//        names the first mismatched tensor), a garbled checkpoint given to eval, an unusable
-//        checkpoint.init_from file
+//        names the first mismatched tensor), a garbled checkpoint given to eval/sample/export, an
+//        unusable checkpoint.init_from file
 //   5    numerical fault: a step had a non-finite loss or gradient norm, or a loss spike, and
 //        training.on_nonfinite is stop (or skip_step skipped more than
 //        training.max_consecutive_skips steps in a row); the step was not applied and the latest

@@ -2,7 +2,9 @@
 //   train         train a GPT-2 model under the supervisor (checkpoints, resume, events, metrics)
 //   eval          mean loss of a checkpoint over token shards
 //   inspect       what a logdir holds and what a restart would restore
-//   prepare-data  text files -> byte-level token shards
+//   prepare-data  text files -> token shards (bytes or GPT-2 BPE)
+//   sample        generate text from a checkpoint (KV cache, CPU)
+//   export        a checkpoint as a Hugging Face GPT-2 directory or an llm.c model file
 //   doctor        what works on this machine: GPU/CPU self-check, chosen path, measurements
 // `longhaul-worker <command> --help` describes each; exit codes are listed in exit_codes.h.
 #include <iostream>
@@ -143,6 +145,53 @@ int main(int argc, char** argv) {
                          "the training config whose model shape the self-check uses");
   doctor_cmd->add_option("--set", doctor.sets, "override a config key")->allow_extra_args(false);
 
+  SampleArgs sample;
+  auto* sample_cmd = app.add_subcommand(
+      "sample",
+      "Generate text from a checkpoint on the CPU with a KV cache; prints the prompt and the "
+      "continuation (stops at <|endoftext|>). Decodes bytes or GPT-2 BPE (the tokenizer the "
+      "run's data used, kept in <logdir>/tokenizer/).");
+  sample_cmd->add_option("--checkpoint", sample.checkpoint, "a model.ckpt-<step>.safetensors file")
+      ->required();
+  sample_cmd->add_option("--prompt", sample.prompt,
+                         "text to continue (default: start of a document)");
+  sample_cmd->add_option("--tokens,-n", sample.tokens, "tokens to generate (default 256)")
+      ->check(CLI::NonNegativeNumber);
+  sample_cmd
+      ->add_option("--temperature", sample.temperature,
+                   "softmax temperature; 0 is greedy (default 1)")
+      ->check(CLI::NonNegativeNumber);
+  sample_cmd->add_option("--top-k", sample.top_k, "sample among the k likeliest tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  sample_cmd->add_option("--seed", sample.seed, "random seed: the same seed, the same text");
+  sample_cmd->add_option("--device", sample.device, "auto or cpu: sampling runs on the CPU")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sample_cmd->add_option("--vocab", sample.vocab, "gpt2 vocab.json (default: the logdir's)");
+  sample_cmd->add_option("--merges", sample.merges, "gpt2 merges.txt (default: the logdir's)");
+  sample_cmd->add_option("--config,-c", sample.config,
+                         "model shape for a file without longhaul metadata");
+  sample_cmd->add_option("--set", sample.sets, "override a config key, e.g. model.preset=gpt2-124m")
+      ->allow_extra_args(false);
+  sample_cmd->add_flag("--ignore-eot", sample.ignore_end_of_text,
+                       "keep generating after <|endoftext|>");
+
+  ExportArgs exp;
+  auto* export_cmd = app.add_subcommand(
+      "export",
+      "Write a checkpoint's model for other tools: --format hf (default) a directory that "
+      "transformers.GPT2LMHeadModel.from_pretrained loads; --format llmc llm.c's model.bin "
+      "(+ tokenizer.bin). DIR must not exist or be empty; it appears complete or not at all.");
+  export_cmd->add_option("--checkpoint", exp.checkpoint, "a model.ckpt-<step>.safetensors file")
+      ->required();
+  export_cmd->add_option("--output,-o", exp.output, "the directory to create")->required();
+  export_cmd->add_option("--format", exp.format, "hf (default) or llmc")
+      ->check(CLI::IsMember({"hf", "llmc"}));
+  export_cmd->add_option("--vocab", exp.vocab, "gpt2 vocab.json (default: the logdir's)");
+  export_cmd->add_option("--merges", exp.merges, "gpt2 merges.txt (default: the logdir's)");
+  export_cmd->add_option("--config,-c", exp.config,
+                         "model shape for a file without longhaul metadata");
+  export_cmd->add_option("--set", exp.sets, "override a config key")->allow_extra_args(false);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -156,6 +205,8 @@ int main(int argc, char** argv) {
     if (*inspect_cmd) return run_inspect(inspect);
     if (*prepare_cmd) return run_prepare(prepare);
     if (*doctor_cmd) return run_doctor(doctor);
+    if (*sample_cmd) return run_sample(sample);
+    if (*export_cmd) return run_export(exp);
   } catch (...) {
     return report_error(std::current_exception());
   }

@@ -178,6 +178,19 @@ void EventsWriter::add_scalar(std::string_view tag, double value, int64_t step) 
   write_event(std::move(e));
 }
 
+void EventsWriter::add_text(std::string_view tag, std::string_view text, int64_t step) {
+  tensorboard::Event e;
+  e.set_step(step);
+  auto* v = e.mutable_summary()->add_value();
+  v->set_tag(std::string(tag));
+  v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
+  auto* t = v->mutable_tensor();
+  t->set_dtype(tensorboard::DT_STRING);
+  t->mutable_tensor_shape();  // no dims: a scalar
+  t->add_string_val(std::string(text));
+  write_event(std::move(e));
+}
+
 void EventsWriter::add_histogram(std::string_view tag, std::span<const double> values,
                                  int64_t step) {
   tensorboard::Event e;

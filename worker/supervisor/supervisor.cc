@@ -287,6 +287,11 @@ void Supervisor::add_scalar(std::string_view tag, double value, int64_t step) {
   if (events_) events_->add_scalar(tag, value, step);
 }
 
+void Supervisor::add_text(std::string_view tag, std::string_view text, int64_t step) {
+  std::lock_guard lock(events_mu_);
+  if (events_) events_->add_text(tag, text, step);
+}
+
 void Supervisor::add_histogram(std::string_view tag, std::span<const float> values, int64_t step) {
   std::lock_guard lock(events_mu_);
   if (events_) events_->add_histogram(tag, values, step);

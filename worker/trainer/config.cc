@@ -279,6 +279,10 @@ const std::vector<Field>& schema() {
         "eval.every_steps", [](WorkerConfig & c) -> auto& { return c.eval.every_steps; }, 0));
     f.push_back(int_field(
         "eval.batches", [](WorkerConfig & c) -> auto& { return c.eval.batches; }, 0));
+    f.push_back(int_field(
+        "eval.sample_tokens", [](WorkerConfig & c) -> auto& { return c.eval.sample_tokens; }, 0));
+    f.push_back(string_field(
+        "eval.sample_prompt", [](WorkerConfig & c) -> auto& { return c.eval.sample_prompt; }));
     f.push_back(double_field(
         "supervisor.recovery_wait_secs",
         [](WorkerConfig & c) -> auto& { return c.supervisor.recovery_wait_secs; }, 0));

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <iomanip>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -13,11 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/supervisor.h"
+#include "longhaul/trainer/sampling.h"
 
 namespace longhaul::trainer {
 namespace {
@@ -100,6 +103,78 @@ tensorboard::Summary text_summary(const std::string& tag, const std::string& tex
   return summary;
 }
 
+// Length of the valid UTF-8 sequence at s[i] (1-4), or 0 when the bytes there are not one.
+size_t utf8_length(std::string_view s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t n = b < 0x80             ? 1
+                   : (b & 0xE0) == 0xC0 ? 2
+                   : (b & 0xF0) == 0xE0 ? 3
+                   : (b & 0xF8) == 0xF0 ? 4
+                                        : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  uint32_t c = n == 1 ? b : b & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const auto x = static_cast<unsigned char>(s[i + k]);
+    if ((x & 0xC0) != 0x80) return 0;
+    c = (c << 6) | (x & 0x3F);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (c < kMin[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+  return n;
+}
+
+// Valid UTF-8 for logs and TensorBoard: bytes that are not UTF-8 become `invalid(byte)`, and
+// with `one_line` newlines, tabs and other control bytes are escaped (\n, \t, \xNN).
+std::string printable(std::string_view text, bool one_line) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_length(text, i);
+    const auto c = static_cast<unsigned char>(text[i]);
+    char buf[8];
+    if (n == 0) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += one_line ? buf : "\uFFFD";
+      i += 1;
+      continue;
+    }
+    if (one_line && n == 1 && (c < 0x20 || c == 0x7f)) {
+      if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else {
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        out += buf;
+      }
+    } else {
+      out.append(text.substr(i, n));
+    }
+    i += n;
+  }
+  return out;
+}
+
+// Markdown for TensorBoard's text dashboard: an indented code block shows the text verbatim.
+std::string markdown_code_block(std::string_view text) {
+  std::string out = "    ";
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += "    ";
+  }
+  return out;
+}
+
+// The tokenizer of the training data: the data manifest's, bytes for the embedded corpus or a
+// 256-token vocabulary, else unknown ("").
+TokenizerSpec data_tokenizer(const WorkerConfig& config, const model::GPT2Config& shape) {
+  if (config.data.train.empty()) return {"bytes", {}, {}};
+  std::optional<data::DataManifest> manifest =
+      as_data_error([&] { return data::read_data_manifest(config.data.train); });
+  if (manifest) return {manifest->tokenizer, manifest->vocab, manifest->merges};
+  if (shape.vocab_size == 256) return {"bytes", {}, {}};
+  return {};
+}
+
 }  // namespace
 
 std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config) {
@@ -164,6 +239,22 @@ RunResult run_training(const RunOptions& options) {
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
   if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);
+  // The data's tokenizer: recorded in checkpoints (gpt2 files copied into the logdir by the
+  // chief) so that `sample` and `export` decode; the chief samples text at each evaluation.
+  const TokenizerSpec tokenizer_spec = data_tokenizer(config, model_config);
+  std::unique_ptr<tokenizer::Tokenizer> sample_tokenizer;
+  if (!tokenizer_spec.kind.empty()) {
+    trainer.set_checkpoint_metadata("tokenizer", tokenizer_spec.kind);
+    if (options.rank == 0) {
+      save_tokenizer_files(tokenizer_spec, options.logdir);
+      if (config.eval.sample_tokens > 0) {
+        sample_tokenizer = as_data_error([&] {
+          return tokenizer::make_tokenizer(tokenizer_spec.kind, tokenizer_spec.vocab,
+                                           tokenizer_spec.merges);
+        });
+      }
+    }
+  }
   if (options.start_reducing_gradients) {
     trainer.set_last_backward_hook(options.start_reducing_gradients);
   }
@@ -241,6 +332,22 @@ RunResult run_training(const RunOptions& options) {
         std::snprintf(line, sizeof line, "step %6" PRId64 "/%" PRId64 " | val_loss %.4f\n", step,
                       t.max_steps, *val);
         out << line << std::flush;
+      }
+      if (sample_tokenizer) {
+        auto& model = trainer.model();
+        const auto& mc = model.config();
+        std::vector<float> params(static_cast<size_t>(model.num_parameters()));
+        backend_cuda::copy_to_host(model, model.parameters_flat(), params);
+        GenerateOptions go;
+        go.prompt = config.eval.sample_prompt;
+        go.max_new_tokens = static_cast<int>(config.eval.sample_tokens);
+        go.sampling.seed = t.seed + static_cast<uint64_t>(step);  // the same after a resume
+        const Generated g = generate_text(mc, params, *sample_tokenizer, go);
+        const std::string text = go.prompt + g.text;
+        sv.add_text("samples", markdown_code_block(printable(text, false)), step);
+        out << "step " << std::setw(6) << step << "/" << t.max_steps
+            << " | sample: " << printable(text, true) << "\n"
+            << std::flush;
       }
       last_eval_step = step;
     };

@@ -70,6 +70,10 @@ class EventsWriter {
   void add_scalar(std::string_view tag, double value, int64_t step);
   void add_histogram(std::string_view tag, std::span<const double> values, int64_t step);
   void add_histogram(std::string_view tag, std::span<const float> values, int64_t step);
+  // A text summary for TensorBoard's Text dashboard: a scalar DT_STRING tensor with
+  // plugin_data {plugin_name: "text"} (what tf.summary.text writes). The dashboard renders it
+  // as Markdown.
+  void add_text(std::string_view tag, std::string_view text, int64_t step);
   void add_session_log(tensorboard::SessionLog::SessionStatus status, int64_t step,
                        std::string_view checkpoint_path = {}, std::string_view msg = {});
 

@@ -153,6 +153,7 @@ class Supervisor {
   void summary_computed(const tensorboard::Summary& summary, int64_t step);
   void add_scalar(std::string_view tag, double value, int64_t step);
   void add_histogram(std::string_view tag, std::span<const float> values, int64_t step);
+  void add_text(std::string_view tag, std::string_view text, int64_t step);  // EventsWriter's
 
   Coordinator& coord() { return coord_; }
   const SupervisorOptions& options() const { return options_; }

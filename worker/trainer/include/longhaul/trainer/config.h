@@ -72,8 +72,10 @@ struct LogConfigSection {
 };
 
 struct EvalConfigSection {
-  int64_t every_steps = 50;  // validation loss every N steps (and at the end); 0 disables
-  int64_t batches = 20;      // validation batches per evaluation; 0 = the whole split
+  int64_t every_steps = 50;    // validation loss every N steps (and at the end); 0 disables
+  int64_t batches = 20;        // validation batches per evaluation; 0 = the whole split
+  int64_t sample_tokens = 64;  // the chief samples this many tokens at each evaluation; 0: none
+  std::string sample_prompt;   // the samples' prompt; empty: <|endoftext|> (gpt2) or a newline
 };
 
 struct SupervisorConfigSection {

@@ -7,7 +7,8 @@
 //   optimizer.exp_avg.<name>, optimizer.exp_avg_sq.<name> the AdamW moments
 //   __metadata__: step, optimizer_step_count, data_position (DataLoader JSON), model_config
 //   (JSON), seed, rng (the training RNG state; the CPU model draws no randomness after init,
-//   so it is the seed), train_tokens (tokens consumed), format "pt".
+//   so it is the seed), train_tokens (tokens consumed), format "pt", tokenizer ("bytes" or
+//   "gpt2", when the data says; see sampling.h).
 // restore() checks every tensor's name, dtype and shape (and the model config) first and throws
 // FailedPrecondition naming the first mismatch; nothing is half-restored. Corrupt tensor data
 // throws DataLoss naming the tensor and file. (The worker maps both to exit code 4.)
