@@ -183,6 +183,31 @@ TEST(CudaGpt2Test, InitialisesLikeTheCpuModelWithHuggingFaceNames) {
   EXPECT_EQ(0, std::memcmp(gpu_params.data(), cpu_params.data(), cpu_params.size_bytes()));
 }
 
+// The self-check's epilogue fallback: a model whose dense layers run plain GEMMs plus separate
+// bias / GELU / bias-gradient kernels computes the same step as the CPU model.
+TEST(CudaGpt2Test, SeparateEpilogueKernelsTrainLikeTheCpuModel) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const model::GPT2Config config = test_config();
+  CudaOptions separate;
+  separate.bias_epilogue = separate.gelu_epilogue = separate.bias_grad_epilogue = false;
+  const auto cpu = model::make_cpu_gpt2(config, kB, kT);
+  const auto gpu = make_cuda_gpt2(config, kB, kT, separate);
+  cpu->init_weights(7);
+  gpu->init_weights(7);
+  const Batch batch = random_batch(rng, config.vocab_size);
+  const float cpu_loss =
+      cpu->forward_backward(batch.inputs.data(), batch.targets.data(), kB, kT, 1);
+  const float gpu_loss =
+      gpu->forward_backward(batch.inputs.data(), batch.targets.data(), kB, kT, 1);
+  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
+  EXPECT_NEAR(gpu->gradient_norm(), cpu->gradient_norm(), 2e-2 * cpu->gradient_norm());
+  const model::AdamWOptions adamw;
+  cpu->optimizer_step(adamw, 1e-3f, 1.0f);
+  gpu->optimizer_step(adamw, 1e-3f, 1.0f);
+  EXPECT_LT(relative_error(host_copy(*gpu, gpu->parameters_flat()), cpu->parameters_flat()), 1e-2);
+}
+
 // The step and determinism checks run with each attention implementation.
 class CudaGpt2AttentionTest : public ::testing::TestWithParam<AttentionKernel> {};
 

@@ -208,6 +208,9 @@ DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& optio
   }
   plan.cuda.device = options.device_ordinal;
   if (!options.self_check) {
+    // The preferred kernels, as kAuto would pick them, so the labels say which.
+    plan.cuda.attention =
+        config.n_embd / config.n_head == 64 ? AttentionKernel::kFlash : AttentionKernel::kCublas;
     plan.device = options.device_name;
     plan.self_check = "off";
     return plan;

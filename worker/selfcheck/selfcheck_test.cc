@@ -311,6 +311,8 @@ TEST(DevicePlanTest, NoDeviceAndSelfCheckOffAndCpu) {
   EXPECT_EQ(unchecked.device, "cuda");
   EXPECT_EQ(unchecked.self_check, "off");
   EXPECT_FALSE(unchecked.report.has_value());
+  EXPECT_EQ(unchecked.labels().at("attention"), "flash");
+  EXPECT_EQ(unchecked.labels().at("self_check"), "off");
 
   EXPECT_EQ(plan_device(gpt2_like(), fake_plan("cpu", &device)).self_check, "n/a");
 }
