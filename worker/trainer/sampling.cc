@@ -81,9 +81,11 @@ Generated generate_text(const model::GPT2Config& config, std::span<const float> 
     }
   };
   crop();
+  // Only ids the tokenizer can decode are drawn (a model's vocabulary may be padded beyond it).
+  const size_t decodable = static_cast<size_t>(std::min(config.vocab_size, tokenizer.vocab_size()));
   auto logits = inference.append(context);
   for (int i = 0; i < options.max_new_tokens; ++i) {
-    const int32_t next = sampler.next(logits);
+    const int32_t next = sampler.next(logits.first(decodable));
     out.ids.push_back(next);
     const std::string bytes = tokenizer.decode(std::span<const int32_t>(&next, 1));
     out.text += bytes;

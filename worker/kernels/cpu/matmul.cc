@@ -42,11 +42,30 @@ void bias_backward(float* dbias, const float* dout, int N, int OC) {
   });
 }
 
+// Too few rows to split among threads (e.g. one token at a time in KV-cache inference): split the
+// output channels instead, in blocks of 64 columns.
+bool split_columns(int N) { return N < 8; }
+constexpr int kColumnAlign = 64;
+
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   const double flops = 2.0 * N * C * OC;
+  if (split_columns(N)) {
+    parallel_blocks(OC, kColumnAlign, flops, [&](int o0, int o1) {
+      float beta = 0.0f;
+      if (bias != nullptr) {
+        for (int i = 0; i < N; ++i) {
+          std::copy(bias + o0, bias + o1, out + static_cast<size_t>(i) * OC + o0);
+        }
+        beta = 1.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, o1 - o0, C, 1.0f, inp, C,
+                  weight + o0, OC, beta, out + o0, OC);
+    });
+    return;
+  }
   parallel_blocks(N, 4, flops, [&](int r0, int r1) {
     float* o = out + static_cast<size_t>(r0) * OC;
     float beta = 0.0f;
@@ -89,6 +108,13 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 }
 
 void matmul_nt_forward(float* out, const float* inp, const float* weight, int N, int C, int OC) {
+  if (split_columns(N)) {
+    parallel_blocks(OC, kColumnAlign, 2.0 * N * C * OC, [&](int o0, int o1) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, C, 1.0f, inp, C,
+                  weight + static_cast<size_t>(o0) * C, C, 0.0f, out + o0, OC);
+    });
+    return;
+  }
   parallel_blocks(N, 4, 2.0 * N * C * OC, [&](int r0, int r1) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.0f,
                 inp + static_cast<size_t>(r0) * C, C, weight, C, 0.0f,

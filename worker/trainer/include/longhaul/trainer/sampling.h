@@ -60,7 +60,9 @@ struct Generated {
 
 // Generates up to max_new_tokens after the prompt with a KV cache (GPT2Inference). A context
 // longer than the model's context_length keeps its last half and recomputes the cache (as
-// nanoGPT crops the context). on_text, if set, receives each token's bytes as it is generated.
+// nanoGPT crops the context). Only ids below min(vocab_size, tokenizer.vocab_size()) are drawn
+// (a model's vocabulary may be larger than its tokenizer's, e.g. padded, or a 50257-token model
+// trained on bytes). on_text, if set, receives each token's bytes as it is generated.
 // InvalidArgument when the prompt encodes to ids outside the model's vocabulary.
 Generated generate_text(const model::GPT2Config& config, std::span<const float> params,
                         tokenizer::Tokenizer& tokenizer, const GenerateOptions& options,

@@ -15,7 +15,8 @@
 //
 // Memory: no scratch; sgemm's beta = 1 does the accumulation in place. The bias reduction
 // partitions output channels among threads (deterministic for any thread count).
-// Threads: each product is split into contiguous row (or, for weight gradients, column) blocks,
+// Threads: each product is split into contiguous row (or, for weight gradients and forward calls
+// with fewer than 8 rows, such as KV-cache decoding, output-column) blocks,
 // one per OpenMP thread, each a single-threaded sgemm (see threading.h).
 #pragma once
 
