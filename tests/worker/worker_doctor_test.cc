@@ -96,6 +96,13 @@ TEST_F(WorkerDoctorTest, DeviceCudaWithoutAGpuIsAUsageErrorAndDeviceCpuSkipsTheG
 
   const RunOutput bad = run_worker({"doctor", "--device", "tpu"}, dir_, 120s, kNoGpu);
   EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+
+  const RunOutput help = run_worker({"doctor", "--help"}, dir_);
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_TRUE(contains(help.out, "--json")) << help.out;
+  const RunOutput top = run_worker({"--help"}, dir_);
+  EXPECT_TRUE(contains(top.out, "doctor")) << top.out;
+  EXPECT_TRUE(contains(top.out, "5 numerical fault")) << top.out;
 }
 
 }  // namespace
