@@ -238,6 +238,28 @@ TEST_F(DataTest, PrepareDataSplitsBytesIntoShards) {
       InvalidArgument);
 }
 
+TEST_F(DataTest, PrepareDataRecordsItsTokenizerForTraining) {
+  { std::ofstream(dir_ / "in.txt") << "some text for the manifest"; }
+  prepare_text_shards({.inputs = {dir_ / "in.txt"}, .output_dir = dir_ / "out", .val_fraction = 0});
+  auto m = read_data_manifest((dir_ / "out" / "train_*.bin").string());
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->tokenizer, "bytes");
+  EXPECT_EQ(m->vocab_size, 256);
+  // No manifest (e.g. llm.c's own shards): nothing to say; a garbled one: an error naming it.
+  fs::remove(dir_ / "out" / std::string(kDataManifestName));
+  EXPECT_FALSE(read_data_manifest((dir_ / "out" / "train_*.bin").string()).has_value());
+  { std::ofstream(dir_ / "out" / std::string(kDataManifestName)) << "{\"tokenizer\": 3"; }
+  try {
+    read_data_manifest((dir_ / "out" / "train_*.bin").string());
+    ADD_FAILURE() << "no error for a garbled manifest";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("longhaul-data.json"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(prepare_text_shards(
+                   {.inputs = {dir_ / "in.txt"}, .tokenizer = "gpt2", .output_dir = dir_ / "out2"}),
+               InvalidArgument);  // gpt2 needs its files
+}
+
 TEST_F(DataTest, EmbeddedCorpusIsLargeTextAndSplits) {
   const std::string_view corpus = embedded_corpus();
   EXPECT_GT(corpus.size(), 1'000'000u);
