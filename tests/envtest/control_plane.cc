@@ -1,6 +1,7 @@
 #include "longhaul/envtest/control_plane.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -239,6 +240,19 @@ std::unique_ptr<ControlPlane> ControlPlane::start(const Assets& assets,
           "--proxy-client-cert-file=" + pki.front_proxy_client_crt.string(),
           "--proxy-client-key-file=" + pki.front_proxy_client_key.string(),
       };
+      if (options.audit_writes) {
+        const fs::path policy = plane->dir_ / "audit-policy.yaml";
+        file::write_atomically(policy,
+                               "apiVersion: audit.k8s.io/v1\nkind: Policy\n"
+                               "omitStages: [RequestReceived]\nrules:\n"
+                               "  - level: None\n    verbs: [get, list, watch]\n"
+                               "  - level: Metadata\n");
+        plane->audit_log_ = plane->dir_ / "audit.log";
+        apiserver.push_back("--audit-policy-file=" + policy.string());
+        apiserver.push_back("--audit-log-path=" + plane->audit_log_.string());
+        apiserver.push_back("--audit-log-format=json");
+        apiserver.push_back("--audit-log-mode=blocking");
+      }
       apiserver.insert(apiserver.end(), options.extra_apiserver_flags.begin(),
                        options.extra_apiserver_flags.end());
       plane->spawn("kube-apiserver", apiserver);
@@ -413,6 +427,7 @@ std::shared_ptr<kube::HttpClient> ControlPlane::admin_client() const {
   o.initial_backoff = 20ms;
   o.max_backoff = 500ms;
   o.max_retries = 20;
+  o.user_agent = "longhaul-envtest";  // tells the test's own writes from the operator's
   return std::make_shared<kube::HttpClient>(admin_, o);
 }
 
@@ -440,6 +455,46 @@ json ControlPlane::call(const std::string& method, const std::string& target, co
   if (r.status < 200 || r.status > 299)
     kube::throw_api_error(r.status, r.body, method + " " + target);
   return r.body.empty() ? json::object() : json::parse(r.body);
+}
+
+// ---- audit ----
+
+std::vector<json> ControlPlane::audit_events(size_t* offset) const {
+  std::vector<json> out;
+  if (audit_log_.empty()) return out;
+  std::ifstream in(audit_log_, std::ios::binary);
+  if (!in) return out;
+  in.seekg(static_cast<std::streamoff>(*offset));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a line still being written: read it next time
+    *offset += line.size() + 1;
+    try {
+      out.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      // Not an event; skip it.
+    }
+  }
+  return out;
+}
+
+size_t ControlPlane::audit_barrier(const std::string& ns) const {
+  if (audit_log_.empty()) throw FailedPrecondition("envtest: auditing is off for this plane");
+  static std::atomic<int> counter{0};
+  const std::string name =
+      "audit-barrier-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+  call("POST", "/api/v1/namespaces/" + ns + "/configmaps",
+       {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", name}}}});
+  size_t offset = 0;
+  const auto deadline = Clock::now() + 30s;
+  while (Clock::now() < deadline) {
+    for (const json& e : audit_events(&offset)) {
+      if (e.value(json::json_pointer("/objectRef/name"), std::string()) == name) return offset;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  throw DeadlineExceeded("envtest: the audit barrier " + name + " never reached " +
+                         audit_log_.string());
 }
 
 // ---- namespaces, ServiceAccounts, tokens ----
@@ -638,6 +693,7 @@ ControlPlane* shared_control_plane(std::string* why) {
   try {
     ControlPlaneOptions options;
     options.crds = project_crds();
+    options.audit_writes = true;
     plane = ControlPlane::start(*assets, options);
   } catch (const std::exception& e) {
     failed = std::string("envtest: the control plane failed to start: ") + e.what();

@@ -75,6 +75,9 @@ struct ControlPlaneOptions {
   // CRD manifests installed (and waited for) before the controller manager starts, so that its
   // garbage collector knows their kinds from the start instead of after its 30 s rediscovery.
   std::vector<fs::path> crds;
+  // Writes an audit log of every write request (create, update, patch, delete; level Metadata,
+  // JSON lines): how tests count an operator's writes on a real server (audit_events()).
+  bool audit_writes = false;
 };
 
 class ControlPlane {
@@ -99,12 +102,20 @@ class ControlPlane {
   // The admin identity (user "envtest-admin", group system:masters).
   const kube::ClusterConfig& admin_config() const { return admin_; }
   const fs::path& admin_kubeconfig() const { return admin_kubeconfig_; }
-  // A client with no client-side rate limit and quick retries, for tests.
+  // A client with no client-side rate limit and quick retries, for tests (User-Agent
+  // "longhaul-envtest", so that audit-based write counts can tell it from the operator's).
   std::shared_ptr<kube::HttpClient> admin_client() const;
   // The log of "etcd", "kube-apiserver" or "kube-controller-manager" (last `bytes` bytes).
   std::string log_tail(std::string_view component, size_t bytes = 4000) const;
   // The process ids of the running components (etcd, API server, controller manager).
   std::vector<pid_t> pids() const;
+
+  // The audit events (parsed JSON lines) written since `*offset` (a byte offset into the log,
+  // advanced past what was read; start with 0). Empty when auditing is off.
+  std::vector<json> audit_events(size_t* offset) const;
+  // Makes one write request that lands in the audit log, and waits until it is there: every
+  // write answered before this call is then in the log too. Returns the log offset just past it.
+  size_t audit_barrier(const std::string& ns) const;
 
   // One raw HTTP request as admin: `target` is path plus encoded query; `content_type` is sent
   // when `body` is not empty; `accept` defaults to application/json. Returns any status.
@@ -161,6 +172,7 @@ class ControlPlane {
   fs::path ca_file_;
   kube::ClusterConfig admin_;
   fs::path admin_kubeconfig_;
+  fs::path audit_log_;
   std::shared_ptr<kube::HttpTransport> transport_;
   std::vector<Child> children_;  // in start order
   bool stopped_ = false;

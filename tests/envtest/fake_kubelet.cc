@@ -1,0 +1,189 @@
+#include "longhaul/envtest/fake_kubelet.h"
+
+#include <ctime>
+
+#include "longhaul/base/error.h"
+
+namespace longhaul::envtest {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string now_rfc3339() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+const kube::Resource kNodes{"", "v1", "nodes", false, "Node"};
+
+}  // namespace
+
+FakeKubelet::FakeKubelet(const ControlPlane& plane, std::string ns, std::string node)
+    : plane_(plane), ns_(std::move(ns)), node_(std::move(node)) {
+  kube::HttpClientOptions o;
+  o.qps = 0;
+  o.initial_backoff = 20ms;
+  o.max_backoff = 500ms;
+  o.max_retries = 20;
+  o.user_agent = "longhaul-envtest-kubelet";
+  client_ = std::make_shared<kube::HttpClient>(plane_.admin_config(), o);
+  try {
+    client_->create(
+        kNodes, "",
+        {{"apiVersion", "v1"},
+         {"kind", "Node"},
+         {"metadata", {{"name", node_}, {"labels", {{"kubernetes.io/hostname", node_}}}}}});
+  } catch (const kube::AlreadyExistsError&) {
+    // Another test's kubelet registered it.
+  }
+  heartbeat();
+  thread_ = std::thread([this] { run(); });
+}
+
+FakeKubelet::~FakeKubelet() { stop(); }
+
+void FakeKubelet::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  client_->close();
+}
+
+void FakeKubelet::set_auto_run(bool on) {
+  std::lock_guard lock(mu_);
+  auto_run_ = on;
+}
+
+void FakeKubelet::set_stuck(const std::string& pod, bool stuck) {
+  std::lock_guard lock(mu_);
+  if (stuck) {
+    stuck_.insert(pod);
+  } else {
+    stuck_.erase(pod);
+  }
+}
+
+void FakeKubelet::heartbeat() {
+  // The node lifecycle controller marks a node without heartbeats NotReady after 40 s and then
+  // its pods not Ready: keep it Ready.
+  const std::string now = now_rfc3339();
+  client_->patch(kNodes, "", node_,
+                 {{"status",
+                   {{"conditions",
+                     {{{"type", "Ready"},
+                       {"status", "True"},
+                       {"reason", "KubeletReady"},
+                       {"message", "longhaul envtest fake kubelet"},
+                       {"lastHeartbeatTime", now},
+                       {"lastTransitionTime", now}}}}}}},
+                 kube::PatchType::kStrategicMerge, /*status_subresource=*/true);
+  last_heartbeat_ = std::chrono::steady_clock::now();
+}
+
+json FakeKubelet::container_statuses(const std::string& pod, const json& state, bool ready) {
+  json statuses = json::array();
+  const json p = client_->get(kube::resources::kPods, ns_, pod);
+  for (const json& c : p["spec"]["containers"]) {
+    statuses.push_back({{"name", c["name"]},
+                        {"image", c.value("image", "")},
+                        {"imageID", ""},
+                        {"ready", ready},
+                        {"restartCount", 0},
+                        {"state", state}});
+  }
+  return statuses;
+}
+
+void FakeKubelet::patch_status(const std::string& pod, const json& status) {
+  client_->patch(kube::resources::kPods, ns_, pod, {{"status", status}}, kube::PatchType::kMerge,
+                 /*status_subresource=*/true);
+}
+
+void FakeKubelet::terminate(const std::string& pod, int exit_code) {
+  patch_status(pod,
+               {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
+                {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
+                {"containerStatuses",
+                 container_statuses(pod, {{"terminated", {{"exitCode", exit_code}}}}, false)}});
+}
+
+void FakeKubelet::preempt(const std::string& pod) {
+  patch_status(
+      pod,
+      {{"phase", "Failed"},
+       {"reason", "Preempted"},
+       {"conditions",
+        {{{"type", "Ready"}, {"status", "False"}},
+         {{"type", "DisruptionTarget"}, {"status", "True"}, {"reason", "PreemptionByScheduler"}}}},
+       {"containerStatuses",
+        container_statuses(pod, {{"terminated", {{"exitCode", 143}}}}, false)}});
+}
+
+void FakeKubelet::sync_once() {
+  bool auto_run;
+  std::set<std::string> stuck;
+  {
+    std::lock_guard lock(mu_);
+    auto_run = auto_run_;
+    stuck = stuck_;
+  }
+  if (std::chrono::steady_clock::now() - last_heartbeat_ > 10s) heartbeat();
+  const json pods = client_->list(kube::resources::kPods, ns_, {});
+  for (const json& pod : pods["items"]) {
+    const json& md = pod["metadata"];
+    const std::string name = md.value("name", "");
+    if (md.contains("deletionTimestamp")) {
+      if (stuck.contains(name) || !pod["spec"].contains("nodeName")) continue;
+      // The containers stopped: complete the deletion of exactly this incarnation.
+      kube::DeleteOptions now;
+      now.grace_period_seconds = 0;
+      now.precondition_uid = md.value("uid", "");
+      try {
+        client_->remove(kube::resources::kPods, ns_, name, now);
+      } catch (const kube::NotFoundError&) {
+      } catch (const kube::ConflictError&) {
+      }
+      continue;
+    }
+    const std::string phase = pod.value(json::json_pointer("/status/phase"), std::string());
+    if (!auto_run || (phase != "Pending" && !phase.empty())) continue;
+    if (!pod["spec"].contains("nodeName")) {
+      plane_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods/" + name + "/binding",
+                  {{"apiVersion", "v1"},
+                   {"kind", "Binding"},
+                   {"metadata", {{"name", name}}},
+                   {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_}}}});
+    }
+    patch_status(name,
+                 {{"phase", "Running"},
+                  {"conditions",
+                   {{{"type", "Ready"}, {"status", "True"}},
+                    {{"type", "ContainersReady"}, {"status", "True"}}}},
+                  {"containerStatuses",
+                   container_statuses(name, {{"running", {{"startedAt", now_rfc3339()}}}}, true)}});
+  }
+}
+
+void FakeKubelet::run() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    try {
+      sync_once();
+    } catch (const std::exception&) {
+      // A pod changed or vanished between list and write: the next round sees the new state.
+    }
+    lock.lock();
+    // The kubelet's sync period; state is re-read each round, nothing waits on this delay.
+    cv_.wait_for(lock, 30ms, [this] { return stopping_; });
+  }
+}
+
+}  // namespace longhaul::envtest

@@ -1,0 +1,66 @@
+// A kubelet stand-in for tests against the real API server (there is no kubelet in envtest):
+// on a thread of its own it registers one Node and keeps its Ready heartbeat fresh, binds the
+// Pending pods of one namespace to that node and reports them Running and Ready, and completes
+// the graceful deletion of terminating pods (DELETE with grace 0, as a kubelet does once the
+// containers stopped) unless the test marks a pod as stuck on a lost node. Tests report what
+// happened to a container (exit codes, preemption) through the pods' status subresource, as a
+// kubelet would.
+//
+// Its requests carry the User-Agent "longhaul-envtest-kubelet", so audit-based write counts can
+// tell them from the operator's.
+//
+// Thread-safety: every method may be called from any thread; settings are guarded by a mutex.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "longhaul/envtest/control_plane.h"
+
+namespace longhaul::envtest {
+
+class FakeKubelet {
+ public:
+  FakeKubelet(const ControlPlane& plane, std::string ns, std::string node = "envtest-node");
+  ~FakeKubelet();  // stop()
+  FakeKubelet(const FakeKubelet&) = delete;
+  FakeKubelet& operator=(const FakeKubelet&) = delete;
+  void stop();
+
+  // New pods are bound and reported Running/Ready (default on).
+  void set_auto_run(bool on);
+  // A stuck pod's deletion is never completed (its node is gone).
+  void set_stuck(const std::string& pod, bool stuck);
+
+  // The container of `pod` exited with `exit_code`: phase Succeeded (0) or Failed.
+  void terminate(const std::string& pod, int exit_code);
+  // The pod was preempted: phase Failed, reason Preempted, condition DisruptionTarget, exit 143.
+  void preempt(const std::string& pod);
+
+  const std::string& node() const { return node_; }
+
+ private:
+  void run();
+  void sync_once();
+  void heartbeat();
+  void patch_status(const std::string& pod, const json& status);
+  json container_statuses(const std::string& pod, const json& state, bool ready);
+
+  const ControlPlane& plane_;
+  const std::string ns_;
+  const std::string node_;
+  std::shared_ptr<kube::HttpClient> client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                                   // guarded by mu_
+  bool auto_run_ = true;                                    // guarded by mu_
+  std::set<std::string> stuck_;                             // guarded by mu_
+  std::chrono::steady_clock::time_point last_heartbeat_{};  // kubelet thread only
+  std::thread thread_;
+};
+
+}  // namespace longhaul::envtest

@@ -1,0 +1,585 @@
+// The operator's scenarios (scenario_test.cc, binary_test.cc) against a REAL kube-apiserver +
+// etcd + kube-controller-manager (tests/envtest): the judge of what Kubernetes accepts and how
+// it behaves. The fake server keeps the fault-injection scenarios (5xx, 429, dropped watches,
+// 410), which a real server cannot be made to produce.
+//
+// What differs from the fake server, and how the tests handle it:
+// - There is no kubelet: envtest::FakeKubelet binds the pods of the test's namespace to a Node it
+//   keeps Ready, reports them Running, and completes their graceful deletion; tests report exits
+//   and preemptions through the status subresource.
+// - A pod on a lost node is a bound pod whose deletion the kubelet never completes (it stays
+//   Terminating with its grace period); the API server removes a pod at once when it is unbound
+//   or already finished.
+// - Request counts come from the API server's audit log (writes only, by User-Agent): the
+//   operator's requests say "longhaul-operator/...", the test's "longhaul-envtest...".
+// - Owned objects are removed by the controller manager's garbage collector, which starts
+//   watching a new kind only at its periodic rediscovery (30 s): deadlines allow for that.
+// - Every test runs in its own namespace with its own operator watching only that namespace.
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "longhaul/api/trainingjob.h"
+#include "longhaul/controller/controller.h"
+#include "longhaul/envtest/fake_kubelet.h"
+#include "longhaul/envtest/gtest.h"
+#include "longhaul/testing/loopback.h"
+
+namespace longhaul::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+using controller::Controller;
+using controller::ControllerOptions;
+using envtest::FakeKubelet;
+
+const kube::Resource& kJobs = kube::resources::kTrainingJobs;
+
+json job_manifest(const std::string& name, int workers = 2) {
+  json container = {{"name", "trainer"}, {"image", "registry.example.com/lh:1"}};
+  json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
+  return {{"apiVersion", "longhaul.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}}},
+          {"spec",
+           {{"replicaSpecs",
+             {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
+              {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
+            {"runPolicy", {{"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+}
+
+// Polls `pred` until true or the deadline: the real server offers no change hook to wait on.
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      if (pred()) return true;
+    } catch (const kube::ApiError&) {
+      // An object changed under the predicate: look again.
+    }
+    std::this_thread::sleep_for(25ms);
+  }
+  return pred();
+}
+
+class RealScenario : public envtest::RealServerTest {
+ protected:
+  void SetUp() override {
+    RealServerTest::SetUp();
+    if (IsSkipped()) return;
+    ns = fresh_namespace();
+    admin = plane().admin_client();
+    kubelet = std::make_unique<FakeKubelet>(plane(), ns);
+    audit_offset = plane().audit_barrier(ns);
+  }
+  void TearDown() override {
+    if (ctl) ctl->stop();
+    if (operator_client) operator_client->close();
+    if (kubelet) kubelet->stop();
+  }
+  void start_operator() {
+    kube::HttpClientOptions co;
+    co.qps = 0;
+    co.initial_backoff = 20ms;
+    co.max_backoff = 500ms;
+    co.max_retries = 20;
+    operator_client = std::make_shared<kube::HttpClient>(plane().admin_config(), co);
+    ControllerOptions o;
+    o.namespaces = {ns};
+    o.workers = 2;
+    o.watch_timeout = 30s;
+    o.retry_base_delay = 20ms;
+    o.retry_max_delay = 500ms;
+    o.on_reconcile = [this](std::string_view, double) { ++reconciles; };
+    ctl = std::make_unique<Controller>(operator_client, nullptr, o);
+    ctl->start();
+    ASSERT_TRUE(ctl->wait_for_sync(30s));
+    ctl->start_workers();
+  }
+  void create(const json& job) { admin->create(kJobs, ns, job); }
+  std::optional<json> try_get(const kube::Resource& r, const std::string& name) {
+    try {
+      return admin->get(r, ns, name);
+    } catch (const kube::NotFoundError&) {
+      return std::nullopt;
+    }
+  }
+  api::TrainingJobStatus status(const std::string& name = "j") {
+    auto job = try_get(kJobs, name);
+    return job ? api::parse_status(job->value("status", json::object())) : api::TrainingJobStatus{};
+  }
+  std::vector<json> job_pods(const std::string& job) {
+    kube::ListOptions o;
+    o.label_selector = std::string(api::kLabelJobName) + "=" + job;
+    return admin->list(kube::resources::kPods, ns, o)["items"].get<std::vector<json>>();
+  }
+  static std::string attempt_of(const json& pod) {
+    return pod["metadata"]["annotations"].value(std::string(api::kAnnotationRestartAttempt), "");
+  }
+  bool pods_running_at(const std::string& job, size_t n, int64_t attempt) {
+    const auto pods = job_pods(job);
+    if (pods.size() != n) return false;
+    for (const json& p : pods) {
+      if (p["metadata"].contains("deletionTimestamp")) return false;
+      if (p.value(json::json_pointer("/status/phase"), std::string()) != "Running") return false;
+      if (attempt_of(p) != std::to_string(attempt)) return false;
+    }
+    return true;
+  }
+  bool running(const std::string& name, size_t pods, int64_t attempt) {
+    return pods_running_at(name, pods, attempt) && status(name).phase == "Running";
+  }
+  std::vector<std::string> event_reasons() {
+    std::vector<std::string> out;
+    const json events = admin->list(kube::resources::kEvents, ns, {});
+    for (const json& e : events["items"]) {
+      out.push_back(e.value("reason", ""));
+    }
+    return out;
+  }
+  bool saw_event(const std::string& reason) {
+    const auto r = event_reasons();
+    return std::find(r.begin(), r.end(), reason) != r.end();
+  }
+  // The operator's writes in this namespace since the last call ("VERB resource/name CODE").
+  std::vector<std::string> operator_writes(const std::string& resource = "") {
+    plane().audit_barrier(ns);
+    std::vector<std::string> out;
+    for (const json& e : plane().audit_events(&audit_offset)) {
+      if (e.value("userAgent", "").rfind("longhaul-operator", 0) != 0) continue;
+      const json& ref = e.value("objectRef", json::object());
+      if (ref.value("namespace", "") != ns) continue;
+      if (!resource.empty() && ref.value("resource", "") != resource) continue;
+      out.push_back(e.value("verb", "") + " " + ref.value("resource", "") +
+                    (ref.contains("subresource") ? "/" + ref.value("subresource", "") : "") + "/" +
+                    ref.value("name", "") + " " +
+                    std::to_string(e.value(json::json_pointer("/responseStatus/code"), 0)));
+    }
+    return out;
+  }
+  static size_t count(const std::vector<std::string>& writes, const std::string& prefix,
+                      const std::string& suffix) {
+    return std::count_if(writes.begin(), writes.end(), [&](const std::string& w) {
+      return w.rfind(prefix, 0) == 0 && w.size() >= suffix.size() &&
+             w.compare(w.size() - suffix.size(), suffix.size(), suffix) == 0;
+    });
+  }
+
+  std::string ns;
+  std::shared_ptr<kube::HttpClient> admin;
+  std::shared_ptr<kube::HttpClient> operator_client;
+  std::unique_ptr<FakeKubelet> kubelet;
+  std::unique_ptr<Controller> ctl;
+  std::atomic<int> reconciles{0};
+  size_t audit_offset = 0;
+};
+
+TEST_F(RealScenario, CreateMakesClaimServiceAndPodsTheServerAccepts) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); })) << status().phase;
+  const json job = admin->get(kJobs, ns, "j");
+  const std::string uid = job["metadata"]["uid"];
+
+  const json claim = admin->get(kube::resources::kPersistentVolumeClaims, ns, "j-logdir");
+  EXPECT_EQ(claim["spec"]["accessModes"], json::array({"ReadWriteMany"}));
+  EXPECT_FALSE(claim["metadata"].contains("ownerReferences")) << "Retain: not garbage-collected";
+  // No provisioner: the claim stays Pending, and the job runs regardless.
+  EXPECT_EQ(claim.value(json::json_pointer("/status/phase"), std::string()), "Pending");
+  const json svc = admin->get(kube::resources::kServices, ns, "j");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  EXPECT_EQ(svc["metadata"]["ownerReferences"][0]["uid"], uid);
+
+  const json chief = admin->get(kube::resources::kPods, ns, "j-chief-0");
+  EXPECT_EQ(chief["metadata"]["labels"]["longhaul.dev/role"], "chief");
+  EXPECT_EQ(chief["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_EQ(chief["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(chief["spec"]["hostname"], "j-chief-0");
+  EXPECT_EQ(chief["spec"]["subdomain"], "j");
+  EXPECT_EQ(chief["spec"]["serviceAccountName"], "default");  // admitted by the real server
+  std::map<std::string, std::string> env;
+  for (const json& e : chief["spec"]["containers"][0]["env"]) env[e["name"]] = e.value("value", "");
+  const json tf = json::parse(env.at("TF_CONFIG"));
+  EXPECT_EQ(tf["cluster"]["worker"][1], "j-worker-1.j." + ns + ".svc:2222");
+  ASSERT_TRUE(eventually([&] {
+    const auto s = status();
+    return s.ready == "3/3" && api::condition_true(s, api::condition::kRunning);
+  }));
+  EXPECT_EQ(status().chief_pod, "j-chief-0");
+  EXPECT_EQ(status().observed_generation, 1);
+  EXPECT_TRUE(eventually([&] { return saw_event("CreatedPod"); }))
+      << ::testing::PrintToString(event_reasons());
+}
+
+TEST_F(RealScenario, ChiefExit1FailsTheJobNamingPodAndCode) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  kubelet->terminate("j-chief-0", 1);
+  ASSERT_TRUE(eventually([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "PermanentExitCode");
+  EXPECT_NE(failed->message.find(ns + "/j-chief-0"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("exited with code 1"), std::string::npos) << failed->message;
+  // cleanPodPolicy Running: the running workers go, the failed chief stays for its logs.
+  ASSERT_TRUE(eventually([&] { return job_pods("j").size() == 1; }));
+  EXPECT_EQ(job_pods("j")[0]["metadata"]["name"], "j-chief-0");
+}
+
+TEST_F(RealScenario, PreemptionsWithDisruptionTargetKeepTheBudgetUntouched) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  for (int i = 1; i <= 3; ++i) {
+    kubelet->preempt(i % 2 ? "j-worker-1" : "j-chief-0");
+    ASSERT_TRUE(eventually([&] { return running("j", 3, i); })) << "preemption " << i;
+  }
+  ASSERT_TRUE(eventually([&] { return status().preemption_count == 3; }));
+  const auto s = status();
+  EXPECT_EQ(s.failure_count, 0);
+  EXPECT_EQ(s.failure_budget, "0/6");
+  EXPECT_EQ(s.restart_count, 3);
+}
+
+TEST_F(RealScenario, Exit137RestartsTheGroupAfterTheBackoff) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["backoff"] = {{"initialSeconds", 1}, {"maxSeconds", 2}};
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  kubelet->terminate("j-worker-0", 137);
+  ASSERT_TRUE(eventually([&] { return status().failure_count == 1; }));
+  const std::string not_before = status().next_restart_time;
+  ASSERT_FALSE(not_before.empty());
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 1); }));
+  for (const json& p : job_pods("j")) {
+    // The API server stamps creationTimestamp with second precision.
+    EXPECT_GE(api::parse_time(p["metadata"]["creationTimestamp"].get<std::string>()),
+              api::parse_time(not_before) - std::chrono::seconds(1))
+        << "pod " << p["metadata"]["name"] << " was created before the backoff ended";
+  }
+  EXPECT_EQ(status().failure_count, 1);
+}
+
+TEST_F(RealScenario, BackoffLimitReachedAcrossRecreationsFailsTheJob) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["backoffLimit"] = 2;
+  create(job);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(eventually([&] { return running("j", 3, i); })) << "attempt " << i;
+    kubelet->terminate("j-worker-1", 138);
+  }
+  ASSERT_TRUE(eventually([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  EXPECT_EQ(s.failure_count, 3);
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "BackoffLimitExceeded");
+  EXPECT_NE(failed->message.find("j-worker-1"), std::string::npos) << failed->message;
+}
+
+TEST_F(RealScenario, GroupRestartRecreatesEveryReplica) {
+  start_operator();
+  create(job_manifest("j", 3));
+  ASSERT_TRUE(eventually([&] { return running("j", 4, 0); }));
+  std::map<std::string, std::string> before;
+  for (const json& p : job_pods("j")) before[p["metadata"]["name"]] = p["metadata"]["uid"];
+  kubelet->terminate("j-worker-2", 255);
+  ASSERT_TRUE(eventually([&] { return running("j", 4, 1); }));
+  for (const json& p : job_pods("j")) {
+    EXPECT_NE(before.at(p["metadata"]["name"]), p["metadata"]["uid"]) << p["metadata"]["name"];
+  }
+}
+
+TEST_F(RealScenario, PodStuckTerminatingOnALostNodeIsForceDeleted) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["nodeLostTimeoutSeconds"] = 1;
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  // worker-1's node is gone: its deletion (as the taint manager's would be) never completes.
+  kubelet->set_stuck("j-worker-1", true);
+  kube::DeleteOptions grace;
+  grace.grace_period_seconds = 1;
+  admin->remove(kube::resources::kPods, ns, "j-worker-1", grace);
+  ASSERT_TRUE(eventually([&] { return status().preemption_count == 1; }));
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 1); }));
+  EXPECT_TRUE(eventually([&] { return saw_event("ForceDeletedPod"); }))
+      << ::testing::PrintToString(event_reasons());
+  EXPECT_EQ(status().failure_count, 0);
+}
+
+struct CleanupCase {
+  const char* policy;
+  std::vector<std::string> pods_left;
+};
+void PrintTo(const CleanupCase& c, std::ostream* os) { *os << c.policy; }
+class RealSuccessScenario : public RealScenario,
+                            public ::testing::WithParamInterface<CleanupCase> {};
+
+TEST_P(RealSuccessScenario, ChiefSuccessFinishesAndCleansUpByPolicy) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["cleanPodPolicy"] = GetParam().policy;
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  kubelet->terminate("j-worker-0", 0);
+  kubelet->terminate("j-chief-0", 0);
+  ASSERT_TRUE(eventually([&] { return status().phase == "Succeeded"; }));
+  auto names = [&] {
+    std::vector<std::string> n;
+    for (const json& p : job_pods("j")) n.push_back(p["metadata"]["name"]);
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  ASSERT_TRUE(eventually([&] { return names() == GetParam().pods_left; })) << names().size();
+  const auto s = status();
+  EXPECT_EQ(api::find_condition(s, api::condition::kSucceeded)->reason, "ChiefSucceeded");
+  EXPECT_FALSE(s.completion_time.empty());
+}
+INSTANTIATE_TEST_SUITE_P(
+    Policies, RealSuccessScenario,
+    ::testing::Values(CleanupCase{"Running", {"j-chief-0", "j-worker-0"}}, CleanupCase{"All", {}},
+                      CleanupCase{"None", {"j-chief-0", "j-worker-0", "j-worker-1"}}),
+    [](const auto& info) { return std::string(info.param.policy); });
+
+TEST_F(RealScenario, SuspendDeletesPodsAndResumeRecreatesThem) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  admin->patch(kJobs, ns, "j", {{"spec", {{"runPolicy", {{"suspend", true}}}}}},
+               kube::PatchType::kMerge);
+  ASSERT_TRUE(eventually([&] { return status().phase == "Suspended" && job_pods("j").empty(); }));
+  EXPECT_TRUE(api::condition_true(status(), api::condition::kSuspended));
+  admin->patch(kJobs, ns, "j", {{"spec", {{"runPolicy", {{"suspend", false}}}}}},
+               kube::PatchType::kMerge);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 1); }));
+  EXPECT_EQ(api::find_condition(status(), api::condition::kSuspended)->status, "False");
+  EXPECT_EQ(status().failure_count, 0);
+}
+
+TEST_F(RealScenario, ActiveDeadlineFailsTheJobWithDeadlineExceeded) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2;
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  ASSERT_TRUE(eventually([&] { return status().phase == "Failed"; }));
+  EXPECT_EQ(api::find_condition(status(), api::condition::kFailed)->reason, "DeadlineExceeded");
+  ASSERT_TRUE(eventually([&] { return job_pods("j").empty(); }));
+}
+
+TEST_F(RealScenario, TtlAfterFinishedDeletesTheJobAndTheCollectorItsChildren) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 1;
+  job["spec"]["runPolicy"]["cleanPodPolicy"] = "None";
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  kubelet->terminate("j-chief-0", 0);
+  ASSERT_TRUE(eventually([&] { return !try_get(kJobs, "j"); }));
+  // The garbage collector (not the operator) removes the pods and Service the job owned; the
+  // Retain claim has no owner and stays.
+  ASSERT_TRUE(eventually([&] { return job_pods("j").empty(); }, 120s));
+  ASSERT_TRUE(eventually([&] { return !try_get(kube::resources::kServices, "j"); }, 120s));
+  EXPECT_TRUE(try_get(kube::resources::kPersistentVolumeClaims, "j-logdir"));
+}
+
+TEST_F(RealScenario, InvalidSpecTheServerAcceptsFailsWithInvalidSpecAndNoPods) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"] = json::array();
+  create(job);  // the pod template is opaque to the CRD schema: the operator must catch it
+  ASSERT_TRUE(eventually([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "InvalidSpec");
+  EXPECT_NE(failed->message.find("spec.replicaSpecs.Worker.template.spec.containers"),
+            std::string::npos)
+      << failed->message;
+  EXPECT_TRUE(job_pods("j").empty());
+}
+
+TEST_F(RealScenario, OperatorRestartedMidFlightMakesNoDuplicatesAndLosesNoJobs) {
+  start_operator();
+  for (int i = 0; i < 5; ++i) create(job_manifest("j" + std::to_string(i)));
+  // Stop as soon as some pods exist: some jobs are half-created.
+  ASSERT_TRUE(eventually([&] {
+    kube::ListOptions o;
+    o.label_selector = std::string(api::kLabelJobName);
+    return admin->list(kube::resources::kPods, ns, o)["items"].size() >= 4;
+  }));
+  ctl->stop();
+  ctl.reset();
+  start_operator();
+  for (int i = 0; i < 5; ++i) {
+    const std::string n = "j" + std::to_string(i);
+    ASSERT_TRUE(eventually([&] { return running(n, 3, 0); })) << n;
+  }
+  // Every pod name was created once: 15 successful creates, whatever was refused as a
+  // duplicate (409) along the way.
+  const auto writes = operator_writes("pods");
+  EXPECT_EQ(count(writes, "create pods/", " 201"), 15u) << ::testing::PrintToString(writes);
+}
+
+TEST_F(RealScenario, NoWritesOnceConverged) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0) && status().ready == "3/3"; }));
+  ASSERT_TRUE(eventually([&] { return saw_event("AllReplicasRunning"); }));
+  // Converged: a forced reconcile writes nothing. Work still in flight from the last changes
+  // may write in the first round; from then on every round must be write-free.
+  operator_writes();
+  std::vector<std::string> writes;
+  int quiet_rounds = 0;
+  for (int round = 0; round < 5 && quiet_rounds < 3; ++round) {
+    const int before = reconciles.load();
+    ctl->enqueue(ns + "/j");
+    ASSERT_TRUE(eventually([&] { return reconciles.load() > before; }));
+    writes = operator_writes();
+    quiet_rounds = writes.empty() ? quiet_rounds + 1 : 0;
+    if (!writes.empty() && round > 0) {
+      ADD_FAILURE() << "writes after convergence:\n" << ::testing::PrintToString(writes);
+    }
+  }
+  EXPECT_EQ(quiet_rounds, 3) << ::testing::PrintToString(writes);
+}
+
+// ---- the longhaul-operator binary on the real server ----
+
+class OperatorProcess {
+ public:
+  OperatorProcess(const fs::path& kubeconfig, const fs::path& log, const std::string& identity,
+                  std::vector<std::string> args)
+      : health_port_(free_loopback_port()), log_(log) {
+    args.insert(args.begin(), LONGHAUL_OPERATOR_BINARY);
+    args.push_back("--kubeconfig=" + kubeconfig.string());
+    args.push_back("--metrics-port=0");
+    args.push_back("--health-port=" + std::to_string(health_port_));
+    args.push_back("--bind-address=127.0.0.1");
+    args.push_back("--identity=" + identity);
+    args.push_back("--qps=0");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~OperatorProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  void kill_hard() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  bool ready() { return http_get(health_port_, "/readyz").status == 200; }
+  std::string log() {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  int health_port_;
+  fs::path log_;
+  pid_t pid_ = -1;
+};
+
+class RealBinary : public RealScenario {
+ protected:
+  void SetUp() override {
+    RealScenario::SetUp();
+    if (IsSkipped()) return;
+    dir = plane().work_dir() / ns;
+    fs::create_directories(dir);
+    // The operator authenticates as a ServiceAccount with every right in this namespace
+    // only: the chart's exact RBAC is chart_real_test's business.
+    plane().ensure_service_account(ns, "operator");
+    plane().apply(
+        {{"apiVersion", "rbac.authorization.k8s.io/v1"},
+         {"kind", "RoleBinding"},
+         {"metadata", {{"name", "operator"}, {"namespace", ns}}},
+         {"roleRef",
+          {{"apiGroup", "rbac.authorization.k8s.io"},
+           {"kind", "ClusterRole"},
+           {"name", "cluster-admin"}}},
+         {"subjects", {{{"kind", "ServiceAccount"}, {"name", "operator"}, {"namespace", ns}}}}});
+    plane().write_kubeconfig(dir / "kubeconfig", plane().mint_token(ns, "operator"), ns);
+  }
+  std::unique_ptr<OperatorProcess> run(const std::string& identity,
+                                       std::vector<std::string> extra) {
+    extra.push_back("--namespace=" + ns);
+    extra.push_back("--lease-namespace=" + ns);
+    return std::make_unique<OperatorProcess>(dir / "kubeconfig", dir / (identity + ".log"),
+                                             identity, extra);
+  }
+  std::string lease_holder() {
+    const kube::Resource leases{"coordination.k8s.io", "v1", "leases", true, "Lease"};
+    auto lease = try_get(leases, "longhaul-operator");
+    return lease ? lease->value(json::json_pointer("/spec/holderIdentity"), std::string()) : "";
+  }
+  fs::path dir;
+};
+
+TEST_F(RealBinary, KilledMidFlightAndRestartedMakesNoDuplicatesAndLosesNoJobs) {
+  auto op = run("a", {"--leader-elect=false"});
+  for (int i = 0; i < 5; ++i) create(job_manifest("j" + std::to_string(i)));
+  ASSERT_TRUE(eventually([&] {
+    kube::ListOptions o;
+    o.label_selector = std::string(api::kLabelJobName);
+    return admin->list(kube::resources::kPods, ns, o)["items"].size() >= 5;
+  })) << op->log();
+  op->kill_hard();
+  op = run("b", {"--leader-elect=false"});
+  for (int i = 0; i < 5; ++i) {
+    const std::string n = "j" + std::to_string(i);
+    ASSERT_TRUE(eventually([&] { return running(n, 3, 0); })) << n << "\n" << op->log();
+  }
+  const auto writes = operator_writes("pods");
+  EXPECT_EQ(count(writes, "create pods/", " 201"), 15u) << ::testing::PrintToString(writes);
+  EXPECT_EQ(admin->list(kube::resources::kPods, ns, {})["items"].size(), 15u);
+}
+
+TEST_F(RealBinary, TwoReplicasElectOneLeaderAndTheOtherTakesOverWhenItDies) {
+  const std::vector<std::string> election = {"--leader-elect", "--lease-duration=2",
+                                             "--renew-deadline=1.5", "--retry-period=0.2"};
+  auto a = run("a", election);
+  ASSERT_TRUE(eventually([&] { return lease_holder() == "a"; })) << a->log();
+  auto b = run("b", election);
+  ASSERT_TRUE(eventually([&] { return b->ready(); })) << b->log();
+  create(job_manifest("j1"));
+  ASSERT_TRUE(eventually([&] { return running("j1", 3, 0); })) << a->log();
+  EXPECT_EQ(lease_holder(), "a");
+  a->kill_hard();
+  ASSERT_TRUE(eventually([&] { return lease_holder() == "b"; })) << b->log();
+  create(job_manifest("j2"));
+  ASSERT_TRUE(eventually([&] { return running("j2", 3, 0); })) << b->log();
+  EXPECT_TRUE(running("j1", 3, 0));
+  // Only the leader wrote: b made no pod of j1.
+  const auto writes = operator_writes("pods");
+  EXPECT_EQ(count(writes, "create pods/j1-", " 201"), 3u) << ::testing::PrintToString(writes);
+}
+
+}  // namespace
+}  // namespace longhaul::testing
