@@ -92,11 +92,17 @@ kube::Resource resource_for(const json& object) {
 
 // ---- ChildProcess ----
 
-ChildProcess::ChildProcess(const std::vector<std::string>& argv, const fs::path& log) {
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, const fs::path& log,
+                           std::optional<std::vector<std::string>> env) {
   std::vector<std::string> args = argv;
   std::vector<char*> cargv;
   for (std::string& a : args) cargv.push_back(a.data());
   cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  if (env) {
+    for (std::string& e : *env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+  }
   const std::string log_path = log.string();
   const pid_t pid = ::fork();
   if (pid < 0) throw Unavailable(std::string("fork for ") + argv[0] + ": " + std::strerror(errno));
@@ -111,7 +117,11 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const fs::path&
       ::dup2(fd, 2);
     }
     ::syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);
-    ::execv(cargv[0], cargv.data());
+    if (env) {
+      ::execve(cargv[0], cargv.data(), cenv.data());
+    } else {
+      ::execv(cargv[0], cargv.data());
+    }
     _exit(127);
   }
   ::setpgid(pid, pid);

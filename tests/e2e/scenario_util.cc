@@ -13,6 +13,7 @@
 
 #include <longhaul/base/error.h>
 #include <longhaul/e2e/local_cluster.h>
+#include <longhaul/kubelet/pod_command.h>
 #include <longhaul/supervisor/checkpoint_state.h>
 #include <longhaul/supervisor/event.pb.h>
 #include <longhaul/supervisor/events.h>
@@ -143,7 +144,13 @@ int run_worker(const fs::path& worker, const std::vector<std::string>& args, con
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back("--logdir");
   argv.push_back(logdir.string());
-  ChildProcess p(argv, log);
+  // The pods' host environment, not this test's: a host that exports OPENBLAS_CORETYPE (or any
+  // variable the kubelet does not pass) must not give the reference other BLAS kernels.
+  std::vector<std::string> env;
+  for (const auto& [k, v] : kubelet::passed_host_environment(kubelet::CommandOptions{})) {
+    env.push_back(k + "=" + v);
+  }
+  ChildProcess p(argv, log, env);
   auto code = p.wait(timeout);
   if (!code) {
     p.stop(std::chrono::seconds(1));

@@ -44,8 +44,9 @@ std::vector<int64_t> start_steps(const std::string& text);
 // started (their first event's wall time); -1 for a file without START.
 std::vector<int64_t> session_start_steps(const fs::path& logdir);
 
-// Runs longhaul-worker with `args` and --logdir `logdir` to completion; returns the exit code
-// (-1 on timeout, after killing it).
+// Runs longhaul-worker with `args` and --logdir `logdir` to completion, in the environment the
+// local kubelet gives its pods (kubelet::passed_host_environment), so that its results compare
+// with a pod's bit for bit; returns the exit code (-1 on timeout, after killing it).
 int run_worker(const fs::path& worker, const std::vector<std::string>& args, const fs::path& logdir,
                const fs::path& log, std::chrono::milliseconds timeout);
 

@@ -185,6 +185,23 @@ fs::path claim_directory(const fs::path& root, const std::string& ns, const std:
   return root / "pvc" / ns / claim;
 }
 
+std::vector<std::pair<std::string, std::string>> passed_host_environment(
+    const CommandOptions& options) {
+  std::vector<std::pair<std::string, std::string>> env;
+  for (const std::string& k : options.pass_env) {
+    const char* v = std::getenv(k.c_str());
+    if (k == "PATH") {
+      std::string path;
+      for (const fs::path& d : options.bin_dirs) path += d.string() + ":";
+      path += v ? v : "/usr/local/bin:/usr/bin:/bin";
+      env.emplace_back("PATH", path);
+    } else if (v != nullptr) {
+      env.emplace_back(k, v);
+    }
+  }
+  return env;
+}
+
 PodCommand build_pod_command(const json& pod, const CommandOptions& options) {
   const json meta = pod.value("metadata", json::object());
   const json spec = pod.value("spec", json::object());
@@ -246,17 +263,7 @@ PodCommand build_pod_command(const json& pod, const CommandOptions& options) {
     vars[k] = v;
     cmd.env.emplace_back(k, v);
   };
-  for (const std::string& k : options.pass_env) {
-    const char* v = std::getenv(k.c_str());
-    if (k == "PATH") {
-      std::string path;
-      for (const fs::path& d : options.bin_dirs) path += d.string() + ":";
-      path += v ? v : "/usr/local/bin:/usr/bin:/bin";
-      set("PATH", path);
-    } else if (v != nullptr) {
-      set(k, v);
-    }
-  }
+  for (const auto& [k, v] : passed_host_environment(options)) set(k, v);
   set("HOSTNAME", str(spec, "hostname").empty() ? name : str(spec, "hostname"));
   // longhaul-worker binds its collectives to this host instead of its TF_CONFIG host name
   // (worker/dist cluster.h); the addresses are rewritten to it as well, for other programs.

@@ -1,6 +1,8 @@
 // How a pod spec becomes a local command: mount paths, env, TF_CONFIG addresses, entrypoints.
 #include "longhaul/kubelet/pod_command.h"
 
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 #include <longhaul/base/error.h>
@@ -164,6 +166,28 @@ TEST(BuildPodCommand, CommandReplacesTheEntrypointAndEntrypointsMapImages) {
 
   pod["spec"]["containers"] = json::array();
   EXPECT_THROW(build_pod_command(pod, o), InvalidArgument);
+}
+
+// Regression: the end-to-end scenarios compared a pod's parameters with a reference process that
+// inherited OPENBLAS_CORETYPE while the pod did not; the two used different BLAS kernels.
+TEST(BuildPodCommand, HostBlasTuningReachesThePodAsItReachesAReferenceProcess) {
+  const char* saved = std::getenv("OPENBLAS_CORETYPE");
+  const std::string previous = saved ? saved : "";
+  ::setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  json pod = {{"metadata", {{"name", "p"}, {"namespace", "default"}}},
+              {"spec", {{"containers", {{{"name", "c"}, {"command", {"/bin/true"}}}}}}}};
+  CommandOptions o;
+  o.root = "/r";
+  o.pod_dir = "/r/pods/default/p";
+  const PodCommand c = build_pod_command(pod, o);
+  EXPECT_EQ(env_of(c, "OPENBLAS_CORETYPE"), "Haswell");
+  // The reference environment is the pod's host part, entry for entry.
+  for (const auto& [k, v] : passed_host_environment(o)) EXPECT_EQ(env_of(c, k), v) << k;
+  if (saved) {
+    ::setenv("OPENBLAS_CORETYPE", previous.c_str(), 1);
+  } else {
+    ::unsetenv("OPENBLAS_CORETYPE");
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <latch>
@@ -186,6 +187,49 @@ TEST_F(CommunicatorTest, ReusedAttemptFolderIsReplacedNotFatal) {
       EXPECT_EQ(v[0], 2.0f);
     });
   }
+}
+
+// Regression (the flake of ReusedAttemptFolderIsReplacedNotFatal under load): the chief clears
+// the reused folder one file at a time. A non-chief polling in the middle of that clean-up saw
+// the previous run's `generation` and `arrived.G.0` still there, wrote its own `arrived.G.1`,
+// found every rank "arrived" and left for a Gloo mesh nobody else joined, while the chief, in
+// its new generation, waited max_wait_secs for rank 1. This builds that moment exactly: the
+// previous run's files without this rank's arrival. A non-chief must join only a generation
+// whose chief confirmed it.
+TEST_F(CommunicatorTest, NonChiefNeverJoinsAGenerationItsChiefDidNotConfirm) {
+  const fs::path dir = rendezvous_dir(logdir_, "0");
+  fs::create_directories(dir);
+  std::ofstream(dir / "generation") << "oldgeneration";
+  std::ofstream(dir / "arrived.oldgeneration.0") << "previous-chief";
+  auto non_chief = std::async(std::launch::async, [&] {
+    auto comm = rendezvous(options(1, 2));
+    std::vector<float> v{1};
+    comm->allreduce_sum(v);
+    return v[0];
+  });
+  // The chief comes only once the non-chief has made up its mind about the old files: it either
+  // went on to the Gloo mesh (a store key appears: the defect) or marked the generation stale
+  // and waits. A condition on the folder, not a sleep.
+  auto store_keys = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name != "generation" && !name.starts_with("present.") && !name.starts_with("arrived.") &&
+          !name.starts_with("members.") && name.find(".tmp.") == std::string::npos) {
+        ++n;
+      }
+    }
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (store_keys() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto chief = rendezvous(options(0, 2));
+  std::vector<float> v{1};
+  chief->allreduce_sum(v);
+  EXPECT_EQ(v[0], 2.0f);
+  EXPECT_EQ(non_chief.get(), 2.0f);
 }
 
 TEST_F(CommunicatorTest, ChiefRemovesStaleAttemptFolders) {

@@ -249,7 +249,15 @@ class ArrivalBoard {
       check_cancelled();
       if (o_.rank != 0) follow_generation();
       std::vector<int> missing = missing_ranks();
-      if (missing.empty()) return generation_;
+      if (missing.empty()) {
+        // The chief closes its generation by naming who arrived; a non-chief leaves only when
+        // that list names this very process (see communicator.h, step 3).
+        if (o_.rank == 0) {
+          write_members();
+          return generation_;
+        }
+        if (confirmed()) return generation_;
+      }
       const auto now = Clock::now();
       if (now >= deadline) {
         std::string who;
@@ -257,6 +265,7 @@ class ArrivalBoard {
           who += (who.empty() ? "" : ", ") + std::to_string(r) +
                  (r == 0 && generation_.empty() ? " (the chief never opened the rendezvous)" : "");
         }
+        if (missing.empty()) who = "0 (the chief never confirmed generation " + generation_ + ")";
         throw DeadlineExceeded(
             "rank " + std::to_string(o_.rank) + " waited " + std::to_string(o_.max_wait_secs) +
             " s (max_wait_secs) at rendezvous " + dir_.string() + " but rank(s) " + who +
@@ -319,6 +328,33 @@ class ArrivalBoard {
   }
 
   void write_arrival() { file::write_atomically(arrival_path(o_.rank), me_); }
+
+  fs::path members_path() const { return dir_ / ("members." + generation_); }
+
+  // Chief: `members.G` lists, one line per rank, the identity each arrival file holds.
+  void write_members() {
+    std::string text;
+    for (int r = 0; r < o_.world_size; ++r) {
+      text += std::to_string(r) + " " + read_if_exists(arrival_path(r)).value_or("") + "\n";
+    }
+    file::write_atomically(members_path(), text);
+  }
+
+  // Non-chief: true once the chief's member list names this process as this rank. A list that
+  // names another process closes the generation without us: it is stale (a previous run's, or
+  // one whose files we saw while its chief was clearing them), and we wait for the next one.
+  bool confirmed() {
+    auto members = read_if_exists(members_path());
+    if (!members) return false;
+    const std::string mine = std::to_string(o_.rank) + " " + me_ + "\n";
+    if (members->find(mine) == 0 || members->find("\n" + mine) != std::string::npos) return true;
+    LH_LOG(INFO) << "rendezvous generation was closed without this replica; waiting for the "
+                    "chief to open a new one"
+                 << kv("dir", dir_.string()) << kv("generation", generation_);
+    stale_ = generation_;
+    generation_.clear();
+    return false;
+  }
 
   // A non-chief's write may race with the chief's clean-up of the folder (its temp file
   // vanishes before the rename): it is simply retried at the next poll.

@@ -50,7 +50,9 @@ kube::Resource resource_for(const json& object);
 // A child process with stdout+stderr appended to a log file, in its own process group.
 class ChildProcess {
  public:
-  ChildProcess(const std::vector<std::string>& argv, const std::filesystem::path& log);
+  // `env` (NAME=VALUE entries) replaces the environment when given; else it is inherited.
+  ChildProcess(const std::vector<std::string>& argv, const std::filesystem::path& log,
+               std::optional<std::vector<std::string>> env = std::nullopt);
   ~ChildProcess();  // stop()
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

@@ -66,9 +66,21 @@ struct CommandOptions {
   std::filesystem::path pod_dir;  // the pod's own folder (emptyDir volumes, default cwd)
   std::vector<std::filesystem::path> bin_dirs;
   std::map<std::string, std::string> entrypoints;  // image basename (or full image) -> command
-  std::vector<std::string> pass_env = {"PATH",           "HOME",   "USER", "LANG",
-                                       "LC_ALL",         "TMPDIR", "TZ",   "LONGHAUL_LOG_LEVEL",
-                                       "OMP_NUM_THREADS"};
+  // The node-level variables a container runtime would give every container on this machine.
+  // OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE pin the BLAS kernels on hosts whose CPU an older
+  // OpenBLAS misdetects (a node image sets them for its containers): without them a pod would
+  // round differently from a process started on the same host (tests/kubelet/README.md).
+  std::vector<std::string> pass_env = {"PATH",
+                                       "HOME",
+                                       "USER",
+                                       "LANG",
+                                       "LC_ALL",
+                                       "TMPDIR",
+                                       "TZ",
+                                       "LONGHAUL_LOG_LEVEL",
+                                       "OMP_NUM_THREADS",
+                                       "OPENBLAS_CORETYPE",
+                                       "OPENBLAS_L2_SIZE"};
   std::string pod_ip = "127.0.0.1";
   PortMap* ports = nullptr;  // null: addresses are not rewritten
 };
@@ -92,6 +104,12 @@ struct PodCommand {
 // Builds the command of the pod's first container. Throws InvalidArgument naming the pod and
 // field when the pod has no container or neither a command nor an image.
 PodCommand build_pod_command(const json& pod, const CommandOptions& options);
+
+// The variables `options.pass_env` takes from this process's environment, as build_pod_command
+// sets them first for every pod (PATH with `bin_dirs` prepended). A process started with exactly
+// these runs in a pod's host environment (the end-to-end reference runs do).
+std::vector<std::pair<std::string, std::string>> passed_host_environment(
+    const CommandOptions& options);
 
 // The image's repository basename: "ghcr.io/a/longhaul-worker:0.1" -> "longhaul-worker".
 std::string image_basename(const std::string& image);

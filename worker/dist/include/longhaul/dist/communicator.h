@@ -11,9 +11,16 @@
 //      `arrived.G.<rank>` (rewriting it if the chief's clean-up removed it). A generation whose
 //      arrival file for this rank was written by another process is stale (a previous run with
 //      the same attempt id): the rank waits for the chief to write a new one.
-//   3. Once `arrived.G.<r>` exists for every rank, the ranks connect a full mesh of Gloo TCP
-//      pairs through a gloo::rendezvous::FileStore in the same folder, with keys under the
-//      prefix G (so a reused folder never holds a key twice).
+//   3. Once `arrived.G.<r>` exists for every rank, the chief writes `members.G` (each rank with
+//      the process identity its arrival file holds) and leaves; a non-chief leaves only when
+//      `members.G` names it. Arrival files alone are not proof: a non-chief that polls while the
+//      chief is clearing a reused folder (one file at a time) can still see the previous run's
+//      `generation` and `arrived.G.0`; it would write its own arrival and find the group
+//      complete, in a generation its chief had abandoned. A member list that names another
+//      process marks G stale, as above.
+//   4. The ranks connect a full mesh of Gloo TCP pairs through a gloo::rendezvous::FileStore in
+//      the same folder, with keys under the prefix G (so a reused folder never holds a key
+//      twice).
 //   After max_wait_secs without all ranks, rendezvous() throws DeadlineExceeded naming the
 //   ranks that never arrived ("rank 0 (chief 0)" when the chief never wrote a generation).
 //
