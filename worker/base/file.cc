@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <string>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -85,12 +86,41 @@ void write_atomically(const std::filesystem::path& path, std::string_view conten
   f.commit();
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno("cannot open", path.string(), errno);
-  std::string out;
+int open_regular_file(const std::filesystem::path& path, std::string_view what, struct stat& st) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw_errno("cannot open " + std::string(what), path.string(), errno);
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw_errno("cannot stat " + std::string(what), path.string(), e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a file";
+    throw InvalidArgument(std::string(what) + " " + path.string() + " is " + kind +
+                          ", not a regular file; give the path of a file");
+  }
+  // Reads of a regular file never block; clear the flag for the readers that follow.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  int fd = open_regular_file(path, "file", st);
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw InvalidArgument("file " + path.string() + " is " + std::to_string(st.st_size) +
+                          " bytes, more than the " + std::to_string(max_bytes) +
+                          " this reader accepts; is it the right file?");
+  }
+  std::string out;
+  if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof buf);
@@ -102,6 +132,11 @@ std::string read_file(const std::filesystem::path& path) {
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {  // it grew while we read
+      ::close(fd);
+      throw InvalidArgument("file " + path.string() + " grew past " + std::to_string(max_bytes) +
+                            " bytes while being read; is it the right file?");
+    }
   }
   ::close(fd);
   return out;

@@ -15,9 +15,11 @@
 //        training.on_nonfinite is stop (or skip_step skipped more than
 //        training.max_consecutive_skips steps in a row); the step was not applied and the latest
 //        checkpoint is the last good state
+//   129  stopped by SIGHUP after the final checkpoint was committed
 //   130  stopped by SIGINT (Ctrl-C) after the final checkpoint was committed
-//   138  aborted: a peer was lost or a collective failed (retry the whole group), or the grace
-//        period after SIGTERM ran out before the final checkpoint committed (retry)
+//   138  aborted, nothing new committed: a peer was lost or a collective failed (retry the whole
+//        group), the grace period after a signal ran out, a second signal arrived while
+//        stopping, or the final checkpoint could not be written (retry)
 //   143  stopped by SIGTERM (preemption) after the final checkpoint was committed
 //
 // A corrupt or truncated LATEST checkpoint is not an error: training falls back to the previous

@@ -89,6 +89,9 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   o.recovery_wait_secs = run.config.supervisor.recovery_wait_secs;
   o.max_wait_secs = run.config.supervisor.max_wait_secs;
   o.collective_timeout_secs = env_secs("LONGHAUL_COLLECTIVE_TIMEOUT_SECS", 300);
+  if (supervisor::SignalHandler* signals = run.signals) {
+    o.cancelled = [signals] { return signals->stop_requested(); };
+  }
   if (const char* a = std::getenv("LONGHAUL_ALLREDUCE_ALGORITHM"); a != nullptr && *a) {
     o.algorithm = dist::parse_allreduce_algorithm(a);
   }

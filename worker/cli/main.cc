@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
       "longhaul-worker: GPT-2 training that survives crashes, preemptions and restarts.\n"
       "Exit codes: 0 finished, 1 other error, 2 bad usage/config, 3 bad data,\n"
       "4 incompatible/corrupt checkpoint, 5 numerical fault (NaN/Inf or loss spike),\n"
-      "130 SIGINT, 138 aborted (retry), 143 SIGTERM.",
+      "129 SIGHUP, 130 SIGINT, 138 aborted (retry; nothing new committed), 143 SIGTERM.",
       "longhaul-worker"};
   app.set_version_flag("--version", "longhaul-worker " + version_string());
   app.require_subcommand(1);
@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand(
       "train",
       "Train under the supervisor. With no --config: the tiny preset on the embedded demo "
-      "corpus. Resumes from the logdir's latest valid checkpoint. SIGTERM/SIGINT: final "
-      "checkpoint, then exit 143/130.");
+      "corpus. Resumes from the logdir's latest valid checkpoint. SIGTERM/SIGINT/SIGHUP: final "
+      "checkpoint, then exit 143/130/129.");
   train_cmd->add_option("--config,-c", train.config, "YAML config (see examples/worker-tiny.yaml)");
   train_cmd->add_option("--logdir", train.logdir,
                         "checkpoints + events (default: $LONGHAUL_LOGDIR, the config's logdir, "

@@ -1,12 +1,14 @@
 // `longhaul-worker train`: config -> metrics -> run_training -> exit code.
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 
 #include "commands.h"
 #include "exit_codes.h"
 #include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/run.h"
 #include "longhaul/worker_metrics/worker_metrics.h"
 
@@ -46,6 +48,10 @@ int run_train(const TrainArgs& args) {
     LH_LOG(INFO) << "this is a ps task: all-reduce training needs no parameter server; exiting";
     return kExitFinished;
   }
+  // Signals from here on: a SIGTERM while the data loads, the model is built or the replicas
+  // meet is honoured, and the grace period runs from it (supervisor.h, SignalHandler).
+  supervisor::SignalHandler signals({SIGTERM, SIGINT, SIGHUP}, run.config.grace_period_secs);
+  run.signals = &signals;
   if (const char* attempt = std::getenv("LONGHAUL_RESTART_ATTEMPT")) {
     LH_LOG(INFO) << "restart attempt" << kv("attempt", attempt);
   }
@@ -80,7 +86,14 @@ int run_train(const TrainArgs& args) {
   run.on_session_start = [&](int64_t step, bool) { metrics.set_global_step(step); };
 
   // 3. Join the data-parallel group (a no-op for one replica), train.
-  const std::unique_ptr<dist::DataParallel> group = join_replica_group(replica, args, run);
+  std::unique_ptr<dist::DataParallel> group;
+  try {
+    group = join_replica_group(replica, args, run);
+  } catch (const Cancelled& e) {
+    if (signals.signal_received() == 0) throw;
+    LH_LOG(INFO) << "stopped at the rendezvous; nothing to commit" << kv("reason", e.what());
+    return 128 + signals.signal_received();
+  }
   const trainer::RunResult result = trainer::run_training(run);
   if (int code = finish_replica(replica, args, run, result, group.get()); code >= 0) return code;
   if (result.signal == SIGTERM) {
@@ -93,7 +106,11 @@ int run_train(const TrainArgs& args) {
                  << kv("step", result.final_step);
     return kExitInterrupted;
   }
-  if (result.signal != 0) return 128 + result.signal;
+  if (result.signal != 0) {
+    LH_LOG(INFO) << "stopped by " << strsignal(result.signal) << "; final checkpoint committed"
+                 << kv("step", result.final_step);
+    return 128 + result.signal;  // SIGHUP: 129
+  }
   if (result.final_step < run.config.training.max_steps) {
     // The session ended early without a signal (e.g. OutOfRange): treat it as finished.
     LH_LOG(WARNING) << "training stopped before max_steps" << kv("step", result.final_step);

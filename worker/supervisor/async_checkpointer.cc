@@ -106,6 +106,7 @@ void AsyncCheckpointer::run() {
       {
         std::lock_guard lock(mu_);
         ++failures_;
+        last_error_ = std::current_exception();
       }
       if (coord_ != nullptr) coord_->request_stop(std::current_exception());
     }
@@ -154,6 +155,15 @@ int64_t AsyncCheckpointer::saves() const {
 int64_t AsyncCheckpointer::failures() const {
   std::lock_guard lock(mu_);
   return failures_;
+}
+
+}  // namespace longhaul::supervisor
+
+namespace longhaul::supervisor {
+
+std::exception_ptr AsyncCheckpointer::last_error() const {
+  std::lock_guard lock(mu_);
+  return last_error_;
 }
 
 }  // namespace longhaul::supervisor

@@ -69,6 +69,12 @@ std::vector<CheckpointEntry> CheckpointManager::scan_directory() const {
     if (!name.ends_with(kCheckpointExtension)) continue;
     auto step = checkpoint_step(name, options_.basename);
     if (!step) continue;
+    std::error_code type_ec;
+    if (!de.is_regular_file(type_ec)) {  // a folder or FIFO named like a checkpoint is not one
+      LH_LOG(WARNING) << "ignoring an entry named like a checkpoint that is not a regular file"
+                      << kv("path", de.path().string());
+      continue;
+    }
     found.push_back(CheckpointEntry{de.path(), *step, mtime_seconds(de.path())});
   }
   std::sort(found.begin(), found.end(),

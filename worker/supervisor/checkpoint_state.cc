@@ -12,6 +12,9 @@
 namespace longhaul::supervisor {
 namespace {
 
+// A state file lists paths and timestamps: even 100,000 checkpoints fit in 16 MiB.
+constexpr uint64_t kMaxStateFileBytes = uint64_t{16} << 20;
+
 std::string escape(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
@@ -206,9 +209,12 @@ std::optional<CheckpointState> read_checkpoint_state(const std::filesystem::path
   auto path = logdir / kCheckpointStateFile;
   std::string text;
   try {
-    text = file::read_file(path);
+    text = file::read_file(path, kMaxStateFileBytes);
   } catch (const NotFound&) {
     return std::nullopt;
+  } catch (const InvalidArgument& e) {  // not a regular file, or absurdly large
+    throw DataLoss("checkpoint state file " + path.string() + " cannot be used: " + e.what() +
+                   "; it will be rebuilt from the checkpoints in the directory");
   }
   return CheckpointState::parse(text, path.string());
 }

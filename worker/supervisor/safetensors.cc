@@ -137,13 +137,12 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path)
 
 SafetensorsReader::SafetensorsReader(std::filesystem::path path, Options options)
     : path_(path.string()), options_(options) {
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno("cannot open checkpoint", path_, errno);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw_errno("cannot stat checkpoint", path_, e);
+  int fd = -1;
+  try {
+    fd = file::open_regular_file(path_, "checkpoint", st);
+  } catch (const InvalidArgument& e) {  // a FIFO or device named like a checkpoint: unusable
+    throw DataLoss(e.what());
   }
   size_ = static_cast<uint64_t>(st.st_size);
   if (size_ > 0) {

@@ -1,5 +1,5 @@
-// SignalHandler: SIGTERM/SIGINT -> final checkpoint + clean stop. The signal handler itself only
-// writes the signal number to a self-pipe (write(2) is async-signal-safe); the watcher thread
+// SignalHandler: SIGTERM/SIGINT/SIGHUP -> final checkpoint + clean stop. The signal handler itself
+// only writes the signal number to a self-pipe (write(2) is async-signal-safe); the watcher thread
 // reads it and talks to the Supervisor.
 #include <algorithm>
 #include <atomic>
@@ -33,11 +33,19 @@ extern "C" void longhaul_on_signal(int signo) {
 
 }  // namespace
 
+SignalHandler::SignalHandler(std::vector<int> signals, double exit_deadline_secs)
+    : signals_(std::move(signals)), exit_deadline_secs_(exit_deadline_secs) {
+  install();
+}
+
 SignalHandler::SignalHandler(Supervisor& supervisor, std::vector<int> signals,
                              double exit_deadline_secs)
-    : supervisor_(supervisor),
-      signals_(std::move(signals)),
-      exit_deadline_secs_(exit_deadline_secs) {
+    : signals_(std::move(signals)), exit_deadline_secs_(exit_deadline_secs) {
+  install();
+  attach(supervisor);
+}
+
+void SignalHandler::install() {
   if (g_installed.exchange(true)) {
     throw FailedPrecondition("only one SignalHandler may exist at a time in a process");
   }
@@ -69,6 +77,32 @@ SignalHandler::~SignalHandler() {
   g_installed = false;
 }
 
+void SignalHandler::attach(Supervisor& supervisor) {
+  std::lock_guard lock(mu_);
+  supervisor_ = &supervisor;
+  if (const int signo = received_.load(); signo != 0) deliver(supervisor, signo);
+}
+
+void SignalHandler::detach() {
+  std::lock_guard lock(mu_);
+  supervisor_ = nullptr;
+}
+
+double SignalHandler::seconds_since_signal() const {
+  const int64_t at = received_at_ns_.load();
+  if (at == 0) return 0;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  return static_cast<double>(now - at) * 1e-9;
+}
+
+void SignalHandler::deliver(Supervisor& supervisor, int signo) {
+  supervisor.request_checkpoint();
+  supervisor.request_stop(
+      std::make_exception_ptr(Cancelled(std::string("stopped by ") + strsignal(signo))));
+}
+
 void SignalHandler::watch() {
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> deadline;
@@ -85,7 +119,7 @@ void SignalHandler::watch() {
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0) {
       LH_LOG(ERROR) << "still running " << exit_deadline_secs_
-                    << " s after the stop signal: exiting without waiting for the final "
+                    << " s after the stop signal (the grace period): exiting without a final "
                        "checkpoint; a restart resumes from the last committed one"
                     << kv("exit_code", kAbortedExitCode);
       std::_Exit(kAbortedExitCode);
@@ -97,19 +131,23 @@ void SignalHandler::watch() {
     int signo = b;
     int expected = 0;
     if (!received_.compare_exchange_strong(expected, signo)) {
-      LH_LOG(ERROR) << "second signal while stopping: exiting at once without a final checkpoint"
-                    << kv("signal", strsignal(signo));
-      std::_Exit(128 + signo);
+      LH_LOG(ERROR) << "second signal while stopping: exiting at once without a final "
+                       "checkpoint; a restart resumes from the last committed one"
+                    << kv("signal", strsignal(signo)) << kv("exit_code", kAbortedExitCode);
+      std::_Exit(kAbortedExitCode);
     }
+    received_at_ns_.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count());
     LH_LOG(WARNING) << "signal received: taking a final checkpoint and stopping"
-                    << kv("signal", strsignal(signo));
+                    << kv("signal", strsignal(signo))
+                    << kv("grace_period_secs", exit_deadline_secs_);
     if (exit_deadline_secs_ > 0) {
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(exit_deadline_secs_));
     }
-    supervisor_.request_checkpoint();
-    supervisor_.request_stop(
-        std::make_exception_ptr(Cancelled(std::string("stopped by ") + strsignal(signo))));
+    std::lock_guard lock(mu_);
+    if (supervisor_ != nullptr) deliver(*supervisor_, signo);
   }
 }
 

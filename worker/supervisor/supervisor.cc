@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
@@ -342,6 +343,9 @@ void Supervisor::managed_session(TrainingState& state,
   }
   // 5. Final checkpoint on a clean end or a clean stop, on the training thread.
   finish_session(state, is_clean(body_error) && is_clean(coord_.error()));
+  // A final checkpoint that did not commit wins over a clean stop: the caller must not report
+  // "committed" (the worker exits 138 instead of 143).
+  if (final_checkpoint_error_) std::rethrow_exception(std::exchange(final_checkpoint_error_, {}));
 
   // 7. Re-raise after cleanup.
   std::exception_ptr error = coord_.error();
@@ -378,6 +382,22 @@ void Supervisor::finish_session(TrainingState& state, bool clean_end) {
   }
   if (checkpointer_) {
     checkpointer_->stop();  // finishes the in-flight and final writes
+    const auto committed = checkpointer_->last_stats();
+    const int64_t committed_step =
+        committed ? committed->step : restored_step_.value_or(int64_t{-1});
+    if (clean_end && options_.checkpoint_on_stop && committed_step != state.global_step()) {
+      std::string why = "it was not written";
+      if (auto error = checkpointer_->last_error()) why = describe(error);
+      std::string latest = "none";
+      if (auto file = manager_->latest()) latest = file->string();
+      final_checkpoint_error_ = std::make_exception_ptr(Aborted(
+          "the final checkpoint at step " + std::to_string(state.global_step()) +
+          " was not committed: " + why + ". The logdir still names the latest committed " +
+          "checkpoint (" + latest + "); a restart resumes from it. Free space in " +
+          options_.logdir.string() + " (or lower checkpoint.max_to_keep) if the disk is full"));
+      LH_LOG(ERROR) << "final checkpoint not committed" << kv("step", state.global_step())
+                    << kv("latest_committed", latest);
+    }
   }
   std::unique_ptr<EventsWriter> events;
   {

@@ -460,6 +460,40 @@ TEST(SupervisorDeathTest, ExitDeadlineEndsAProcessThatDoesNotStopInTime) {
       ::testing::ExitedWithCode(kAbortedExitCode), "still running");
 }
 
+// Regression: a second signal logged "exiting at once without a final checkpoint" but exited
+// 128+signo (143/130), the codes that mean "committed".
+TEST(SupervisorDeathTest, SecondSignalExitsAtOnceWithACodeThatClaimsNoCommit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  EXPECT_EXIT(
+      {
+        Supervisor sv(quiet_options(dir.path()));
+        SignalHandler signals(sv, {SIGUSR1}, 3600);
+        std::raise(SIGUSR1);
+        std::raise(SIGUSR1);
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kAbortedExitCode), "second signal");
+}
+
+// A signal that arrives before any supervisor exists (start-up) is delivered when one attaches.
+TEST(Supervisor, ASignalBeforeAttachIsDeliveredOnAttach) {
+  TempDir dir;
+  ToyState state;
+  SignalHandler signals({SIGUSR2}, 0);
+  std::raise(SIGUSR2);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!signals.stop_requested() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(signals.stop_requested());
+  Supervisor sv(quiet_options(dir.path()));
+  signals.attach(sv);
+  EXPECT_TRUE(sv.should_stop());
+  signals.detach();
+}
+
 TEST(Supervisor, AStopRequestedBeforeTheSessionIsKept) {
   TempDir dir;
   ToyState state;

@@ -3,14 +3,12 @@
 
 #include <chrono>
 #include <cinttypes>
-#include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
-#include <mutex>
 #include <sstream>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -44,40 +42,6 @@ auto as_data_error(Fn&& fn) {
     throw DataError(e.code(), e.what());
   }
 }
-
-// Bounds the time from a stop signal to exit: once armed, if the final checkpoint and the
-// supervisor's shutdown have not finished within `seconds`, logs an ERROR and exits the process
-// with 138 (retryable: the final checkpoint was not committed; the previous one is intact).
-// The thread is joined by the destructor on every path.
-class GraceWatchdog {
- public:
-  ~GraceWatchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  void arm(double seconds) {
-    if (thread_.joinable()) return;
-    thread_ = std::thread([this, seconds] {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) {
-        LH_LOG(ERROR) << "grace period ran out before the final checkpoint was committed; "
-                         "exiting (the previous checkpoint is intact)"
-                      << kv("grace_period_secs", seconds);
-        std::_Exit(138);
-      }
-    });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;  // guarded by mu_
-  std::thread thread_;
-};
 
 // The labels of a device plan as one JSON object.
 std::string kernels_json(const selfcheck::DevicePlan& plan) {
@@ -197,6 +161,23 @@ RunResult run_training(const RunOptions& options) {
   const auto& t = config.training;
   std::ostream& out = options.progress ? *options.progress : std::cout;
 
+  // Signals: the caller's handler (installed before start-up, attached to the supervisor below),
+  // else our own when asked. The grace period runs from the signal, whatever runs then.
+  std::optional<supervisor::SignalHandler> own_signals;
+  supervisor::SignalHandler* signals = options.signals;
+  if (signals == nullptr && options.handle_signals) {
+    own_signals.emplace(std::vector<int>{SIGTERM, SIGINT, SIGHUP}, config.grace_period_secs);
+    signals = &*own_signals;
+  }
+  RunResult result;
+  // A signal during start-up (data, model): nothing new to commit, the logdir is as it was.
+  auto stopped_during_start_up = [&](const char* stage) {
+    if (signals == nullptr || !signals->stop_requested()) return false;
+    LH_LOG(INFO) << "stop requested during start-up; nothing to commit" << kv("after", stage);
+    result.signal = signals->signal_received();
+    return true;
+  };
+
   // 1. Model shape and device (config errors).
   const model::GPT2Config model_config = model_config_for(config);
 
@@ -221,6 +202,8 @@ RunResult run_training(const RunOptions& options) {
                          "evaluation is off";
     }
   }
+
+  if (stopped_during_start_up("opening the data")) return result;
 
   // 3. Model and trainer.
   std::unique_ptr<model::LanguageModel> model;
@@ -291,12 +274,27 @@ RunResult run_training(const RunOptions& options) {
       pretrained = true;
     };
   }
+  if (stopped_during_start_up("creating the model")) return result;
   supervisor::Supervisor sv(so);
-  std::optional<supervisor::SignalHandler> signals;
-  if (options.handle_signals) signals.emplace(sv);
-
-  RunResult result;
-  GraceWatchdog watchdog;  // declared after `signals`: joined before the handler is removed
+  struct Attachment {  // detached before `sv` is destroyed, on every path
+    supervisor::SignalHandler* signals;
+    Attachment(supervisor::SignalHandler* s, supervisor::Supervisor& sv) : signals(s) {
+      if (signals != nullptr) signals->attach(sv);
+    }
+    ~Attachment() {
+      if (signals != nullptr) signals->detach();
+    }
+  } attachment(signals, sv);
+  // Between micro-batches: abandon the step when a stop was requested and its rest would not
+  // fit in half of what is left of the grace period (the other half is for the final
+  // checkpoint); a stop with an error (a failed service) abandons it at once.
+  trainer.set_stop_check([&](double seconds_left_in_step) {
+    if (!sv.should_stop()) return false;
+    if (signals == nullptr || !signals->stop_requested()) return true;
+    const double grace = config.grace_period_secs;
+    const double budget = 0.5 * grace - signals->seconds_since_signal();
+    return seconds_left_in_step > budget;
+  });
   const int64_t log_every = config.log.every_steps;
   const int64_t summary_every = config.summaries.every_steps;
   const int64_t eval_every = config.eval.every_steps;
@@ -400,14 +398,13 @@ RunResult run_training(const RunOptions& options) {
       }
       sv.step_boundary(s.step);
     }
-    if (signals && signals->signal_received() != 0) watchdog.arm(config.grace_period_secs);
     if (eval_every > 0 && trainer.global_step() >= t.max_steps &&
         last_eval_step != trainer.global_step() && !sv.should_stop()) {
       run_eval(trainer.global_step());
     }
   });
   result.final_step = trainer.global_step();
-  result.signal = signals ? signals->signal_received() : 0;
+  result.signal = signals != nullptr ? signals->signal_received() : 0;
   return result;
 }
 

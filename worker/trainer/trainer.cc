@@ -391,7 +391,29 @@ StepStats Trainer::train_step() {
   model_->zero_grad();
   double loss_sum = 0;
   const float scale = 1.0f / static_cast<float>(accumulation_steps_);
+  // Where the step's data starts, to give it back if the step is abandoned (only kept when a
+  // stop check can abandon it, and only for accumulated steps: a one-micro-batch step checks
+  // before reading anything).
+  std::string step_start_position;
+  if (stop_check_ && accumulation_steps_ > 1) step_start_position = train_->position_json();
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
+    if (stop_check_) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double per_micro = micro == 0 ? 0 : elapsed / static_cast<double>(micro);
+      const double left = per_micro * static_cast<double>(accumulation_steps_ - micro);
+      if (stop_check_(left)) {
+        if (!step_start_position.empty()) train_->restore(step_start_position);
+        model_->zero_grad();
+        const std::string why = "stop requested inside step " + std::to_string(global_step() + 1) +
+                                " after " + std::to_string(micro) + " of " +
+                                std::to_string(accumulation_steps_) +
+                                " micro-batches: the step was abandoned; the state of step " +
+                                std::to_string(global_step()) + " is kept";
+        LH_LOG(WARNING) << why;
+        throw Cancelled(why);
+      }
+    }
     data::Batch batch = train_->next();
     batch.to_int32(inputs_, targets_);
     if (micro == accumulation_steps_ - 1 && last_backward_hook_) last_backward_hook_(*model_);
@@ -471,6 +493,10 @@ std::optional<double> Trainer::evaluate() {
   double sum = 0;
   int64_t n = 0;
   while (val_->next(batch)) {
+    if (stop_check_ && stop_check_(std::numeric_limits<double>::infinity())) {
+      LH_LOG(INFO) << "evaluation abandoned: a stop was requested" << kv("batches_done", n);
+      return std::nullopt;
+    }
     batch.to_int32(inputs_, targets_);
     try {
       sum += model_->forward_loss(inputs_.data(), targets_.data(), static_cast<int>(t.batch_size),

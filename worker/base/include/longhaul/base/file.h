@@ -15,6 +15,8 @@
 #include <string>
 #include <string_view>
 
+#include <sys/stat.h>
+
 namespace longhaul::file {
 
 class AtomicFile {
@@ -50,8 +52,17 @@ class AtomicFile {
 // Writes `contents` to `path` with the AtomicFile protocol.
 void write_atomically(const std::filesystem::path& path, std::string_view contents);
 
-// Reads a whole file. Throws NotFound / PermissionDenied naming the file.
-std::string read_file(const std::filesystem::path& path);
+// Reads a whole regular file of at most `max_bytes`. Throws NotFound / PermissionDenied naming
+// the file, and InvalidArgument naming it when it is not a regular file (a FIFO, a device such as
+// /dev/zero, a directory: never opened in a way that blocks or reads forever) or is larger.
+inline constexpr uint64_t kDefaultMaxReadBytes = uint64_t{64} << 20;
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes = kDefaultMaxReadBytes);
+
+// Opens `path` read-only for a reader that must not block: O_NONBLOCK (a FIFO opens at once),
+// then refuses anything but a regular file. Returns the descriptor (close it) and fills `st`.
+// Throws NotFound / PermissionDenied, or InvalidArgument "<what> <path> is a FIFO, not a regular
+// file" and the like.
+int open_regular_file(const std::filesystem::path& path, std::string_view what, struct stat& st);
 
 // fsync of a directory, so that a rename or unlink inside it survives a crash.
 void fsync_directory(const std::filesystem::path& dir);

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -173,6 +174,8 @@ class AsyncCheckpointer {
   std::optional<CheckpointStats> last_stats() const;
   int64_t saves() const;
   int64_t failures() const;
+  // The error of the most recent failed write (null when none failed).
+  std::exception_ptr last_error() const;
 
  private:
   struct Slot {
@@ -196,6 +199,7 @@ class AsyncCheckpointer {
   std::optional<CheckpointStats> last_;  // guarded by mu_
   int64_t saves_ = 0;                    // guarded by mu_
   int64_t failures_ = 0;                 // guarded by mu_
+  std::exception_ptr last_error_;        // guarded by mu_
   std::thread writer_;
 };
 

@@ -9,9 +9,12 @@
 //
 // Errors are typed so the CLI can map them to exit codes: InvalidArgument from the config
 // (exit 2), DataError (3), NumericalError (5, watchdog.h), CheckpointError and the supervisor's
-// FailedPrecondition/DataLoss on restore (4), Aborted (138), anything else (1). A SIGTERM/SIGINT
-// ends the run normally after the final checkpoint is committed; RunResult::signal says which
-// signal it was.
+// FailedPrecondition/DataLoss on restore (4), Aborted (138), anything else (1). A
+// SIGTERM/SIGINT/SIGHUP ends the run normally after the final checkpoint is committed;
+// RunResult::signal says which signal it was. Inside a step the signal is checked between
+// micro-batches: a step whose rest would not fit in half the grace period left is abandoned and
+// the last completed step is committed (Trainer::train_step). Evaluation stops between batches.
+// Past grace_period_secs after the signal the process exits 138 wherever it is (SignalHandler).
 //
 // Thread-safety: call from one thread; callbacks run on the training thread.
 #pragma once
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/config.h"
 #include "longhaul/trainer/trainer.h"
 
@@ -49,7 +53,12 @@ struct RunOptions {
   // Observers of checkpoint saves/restores (metrics); not owned.
   std::vector<supervisor::CheckpointListener*> checkpoint_listeners;
   std::ostream* progress = nullptr;  // progress lines; null = stdout
-  bool handle_signals = true;        // install the SIGTERM/SIGINT handler
+  // The process's signal handler, installed by the caller before start-up (so that a signal
+  // while loading data or at the rendezvous is honoured); attached to the supervisor for the
+  // session. Null: run_training installs its own when handle_signals is set (SIGTERM, SIGINT,
+  // SIGHUP; exit deadline grace_period_secs from the first signal).
+  supervisor::SignalHandler* signals = nullptr;
+  bool handle_signals = true;
 
   // Data-parallel replicas (set from longhaul/dist/data_parallel.h; empty for one replica).
   // All are called on the training thread, by every replica at the same points.

@@ -106,13 +106,25 @@ class Trainer : public supervisor::TrainingState {
   // One optimizer step. Throws DataError when a batch holds a token id >= vocab_size, and
   // NumericalError (before anything is applied: parameters, moments and the step count stay as
   // they were) when the numerical watchdog rejects the step and training.on_nonfinite is stop.
+  // Before each micro-batch but the last's backward (see set_stop_check) the step may be
+  // abandoned: then the parameters, moments and step are untouched, the data loader is back
+  // where the step started (a checkpoint taken now resumes exactly), and Cancelled is thrown.
   //
   // Test-only fault injection: with LONGHAUL_TEST_NAN_GRADIENT_AT_STEP=k in the environment
   // (read at construction), the gradients of global step k get a NaN before the all-reduce and
   // the norm, as a broken kernel or a bad batch would leave them.
   StepStats train_step();
-  // Mean validation loss over the eval loader's batches; nullopt without validation data.
+  // Mean validation loss over the eval loader's batches; nullopt without validation data, or
+  // when the stop check asks to stop between two eval batches.
   std::optional<double> evaluate();
+
+  // Asked between micro-batches with an estimate of the seconds the step still needs (and
+  // between eval batches with +inf): true abandons the step (or the evaluation). The worker
+  // answers true when a stop was requested and the rest of the step would not fit in what is
+  // left of the grace period.
+  void set_stop_check(std::function<bool(double seconds_left_in_step)> check) {
+    stop_check_ = std::move(check);
+  }
 
   // Loads pre-trained weights (HF GPT-2 layout) from a safetensors file; name_map maps source
   // names to our parameter names. Throws CheckpointError naming the file and tensor.
@@ -180,6 +192,7 @@ class Trainer : public supervisor::TrainingState {
   int64_t skipped_steps_ = 0;
   int64_t consecutive_skips_ = 0;
   int64_t inject_nan_at_step_ = 0;  // LONGHAUL_TEST_NAN_GRADIENT_AT_STEP; 0: none
+  std::function<bool(double)> stop_check_;
 };
 
 // Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).

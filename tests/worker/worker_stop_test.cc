@@ -1,0 +1,143 @@
+// Stop requests against longhaul-worker as a process: a signal inside a step that cannot finish
+// in the grace period, during a rendezvous wait, SIGHUP, and a final checkpoint that cannot be
+// written. Each test is named after the defect it guards against.
+#include <chrono>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "longhaul/supervisor/safetensors.h"
+#include "worker_process.h"
+
+namespace longhaul::worker_test {
+namespace {
+
+using namespace std::chrono_literals;
+using supervisor::SafetensorsReader;
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+void expect_same_parameters(const fs::path& a, const fs::path& b) {
+  SafetensorsReader ra(a), rb(b);
+  ASSERT_EQ(ra.tensor_names(), rb.tensor_names());
+  for (const auto& name : ra.tensor_names()) {
+    auto da = ra.data(name), db = rb.data(name);
+    ASSERT_EQ(da.size(), db.size()) << name;
+    EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size()), 0) << name << " differs";
+  }
+  for (const char* key : {"step", "optimizer_step_count", "data_position", "train_tokens"}) {
+    EXPECT_EQ(ra.metadata().at(key), rb.metadata().at(key)) << key;
+  }
+}
+
+class WorkerStopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir(std::string("worker_stop_") +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    write_text(dir_ / "small.yaml", small_model_config(20, 0));
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  // The small model with one optimizer step of 10^10 micro-batches (days of work).
+  static std::vector<std::string> endless_step_args(const std::string& logdir) {
+    return {"train",
+            "--config",
+            "small.yaml",
+            "--logdir",
+            logdir,
+            "--set",
+            "training.total_batch_tokens=320000000000",
+            "--set",
+            "grace_period_secs=30"};
+  }
+  fs::path dir_;
+};
+
+// Regression: a SIGTERM inside a step of 10^10 micro-batches was logged and then ignored; the
+// process was still training 75 minutes later. The step must be abandoned, the last completed
+// step committed with the data position of its end, and a resume must train exactly as an
+// uninterrupted run.
+TEST_F(WorkerStopTest, SigtermInsideAStepThatCannotFinishCommitsTheLastCompletedStep) {
+  {
+    WorkerProcess p(endless_step_args("b"), dir_, dir_);
+    ASSERT_TRUE(p.wait_for_stdout("starting at step 0/20", 120s)) << p.out() << p.err();
+    p.signal(SIGTERM);
+    // Bounded by the grace period (30 s) plus a generous margin for a loaded machine.
+    ASSERT_EQ(p.wait(90s), 143) << p.err();
+    EXPECT_TRUE(contains(p.err(), "abandoned")) << p.err();
+  }
+  EXPECT_EQ(state_file_latest_step(dir_ / "b"), 0);
+  // The committed step-0 state resumes exactly like a run that was never interrupted.
+  RunOutput resumed = run_worker({"train", "--config", "small.yaml", "--logdir", "b"}, dir_);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(start_step(resumed.out), 0);
+  RunOutput straight = run_worker({"train", "--config", "small.yaml", "--logdir", "a"}, dir_);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  expect_same_parameters(dir_ / "a" / "model.ckpt-20.safetensors",
+                         dir_ / "b" / "model.ckpt-20.safetensors");
+}
+
+// Regression: a SIGTERM during the final-checkpoint save of a full disk was followed by "final
+// checkpoint committed" and exit 143, with no checkpoint of that step in the logdir. A write
+// failure must win: exit 138 (retryable), the message says it was not committed.
+TEST_F(WorkerStopTest, FinalCheckpointThatCannotBeWrittenExits138AndClaimsNoCommit) {
+  // The step-0 checkpoint's name is taken by a folder (holding a file): its rename must fail.
+  fs::create_directories(dir_ / "b" / "model.ckpt-0.safetensors");
+  write_text(dir_ / "b" / "model.ckpt-0.safetensors" / "in-the-way", "x");
+  WorkerProcess p(endless_step_args("b"), dir_, dir_);
+  ASSERT_TRUE(p.wait_for_stdout("starting at step 0/20", 120s)) << p.out() << p.err();
+  p.signal(SIGTERM);
+  ASSERT_EQ(p.wait(90s), 138) << p.err();
+  EXPECT_TRUE(contains(p.err(), "was not committed")) << p.err();
+  EXPECT_FALSE(contains(p.err(), "final checkpoint committed")) << p.err();
+  EXPECT_FALSE(state_file_latest_step(dir_ / "b").has_value());
+}
+
+// Regression: the same when training ends at max_steps: the last save failing is not success.
+TEST_F(WorkerStopTest, FinalCheckpointThatCannotBeWrittenAtMaxStepsIsNotSuccess) {
+  fs::create_directories(dir_ / "b" / "model.ckpt-20.safetensors");
+  write_text(dir_ / "b" / "model.ckpt-20.safetensors" / "in-the-way", "x");
+  RunOutput r = run_worker({"train", "--config", "small.yaml", "--logdir", "b"}, dir_);
+  EXPECT_EQ(r.exit_code, 138) << r.err;
+  EXPECT_TRUE(contains(r.err, "final checkpoint at step 20 was not committed")) << r.err;
+}
+
+// Regression: SIGHUP (a closed terminal, some supervisors' "stop") killed the worker with 129 and
+// no final checkpoint. It is handled like SIGTERM: final checkpoint, then 129.
+TEST_F(WorkerStopTest, SighupCommitsAFinalCheckpointLikeSigterm) {
+  write_text(dir_ / "long.yaml", small_model_config(1000000, 0));
+  WorkerProcess p({"train", "--config", "long.yaml", "--logdir", "b"}, dir_, dir_);
+  ASSERT_TRUE(p.wait_for_stdout("step     20/", 120s)) << p.out() << p.err();
+  p.signal(SIGHUP);
+  ASSERT_EQ(p.wait(90s), 129) << p.err();
+  const auto step = state_file_latest_step(dir_ / "b");
+  ASSERT_TRUE(step.has_value());
+  EXPECT_GE(*step, 20);
+  EXPECT_TRUE(contains(p.err(), "final checkpoint committed")) << p.err();
+}
+
+// Regression: a SIGTERM while a replica waited for its peers at the rendezvous was only noticed
+// when the wait ended (max_wait_secs later). It ends the wait at once.
+TEST_F(WorkerStopTest, SigtermWhileWaitingForPeersAtTheRendezvousStopsAtOnce) {
+  WorkerProcess p(
+      {"train", "--config", "small.yaml", "--logdir", "b", "--rank", "0", "--world-size", "2",
+       "--set", "supervisor.max_wait_secs=3600", "--set", "supervisor.recovery_wait_secs=0.05"},
+      dir_, dir_, {{"LONGHAUL_HOST_OVERRIDE", "127.0.0.1"}});
+  // The chief has opened the rendezvous: its generation file exists.
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!fs::exists(dir_ / "b" / ".rendezvous" / "0" / "generation") &&
+         std::chrono::steady_clock::now() < deadline && p.running()) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(fs::exists(dir_ / "b" / ".rendezvous" / "0" / "generation")) << p.err();
+  p.signal(SIGTERM);
+  ASSERT_EQ(p.wait(60s), 143) << p.err();
+  EXPECT_TRUE(contains(p.err(), "stopped at the rendezvous")) << p.err();
+}
+
+}  // namespace
+}  // namespace longhaul::worker_test
