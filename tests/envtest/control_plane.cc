@@ -673,11 +673,14 @@ std::vector<fs::path> project_crds() {
 
 ControlPlane* shared_control_plane(std::string* why) {
   static std::mutex mu;
-  static std::unique_ptr<ControlPlane> plane;
+  // Never destroyed by a static destructor: the HTTP library's own statics may already be gone
+  // by then. An atexit handler registered after the start (so it runs before the destructors of
+  // everything the start constructed) stops the processes instead.
+  static ControlPlane* plane = nullptr;
   static std::string unavailable;
   static std::string failed;
   std::lock_guard lock(mu);
-  if (plane) return plane.get();
+  if (plane != nullptr) return plane;
   if (!failed.empty()) throw Unavailable(failed);
   if (!unavailable.empty()) {
     if (why != nullptr) *why = unavailable;
@@ -694,12 +697,13 @@ ControlPlane* shared_control_plane(std::string* why) {
     ControlPlaneOptions options;
     options.crds = project_crds();
     options.audit_writes = true;
-    plane = ControlPlane::start(*assets, options);
+    plane = ControlPlane::start(*assets, options).release();
   } catch (const std::exception& e) {
     failed = std::string("envtest: the control plane failed to start: ") + e.what();
     throw Unavailable(failed);
   }
-  return plane.get();
+  std::atexit([] { plane->stop(); });
+  return plane;
 }
 
 }  // namespace longhaul::envtest
