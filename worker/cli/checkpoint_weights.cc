@@ -30,12 +30,20 @@ CheckpointWeights load_checkpoint_weights(const std::string& path, const std::st
       throw InvalidArgument(e.what());
     }
   }
+  const bool shape_from_config = !w.reader->metadata().count("model_config");
   w.config = *shape;
   try {
     model::ParameterLayout layout(w.config);
     w.params = model::read_parameters(layout, *trainer::pretrained_reader(*w.reader));
   } catch (const Error& e) {
-    throw trainer::CheckpointError(e.code(), "cannot load " + path + ": " + e.what());
+    throw trainer::CheckpointError(
+        e.code(),
+        "cannot load " + path + ": " + e.what() +
+            (shape_from_config
+                 ? std::string("; the file has no longhaul model_config, so its shape "
+                               "comes from the config (") +
+                       w.config.to_string() + "): give it, e.g. --set model.preset=gpt2-124m"
+                 : std::string()));
   }
   if (w.reader->metadata().count("global_step")) {
     try {

@@ -234,9 +234,9 @@ int run_export(const ExportArgs& args) {
   fs::rename(temp.path(), output);
   temp.release();
   file::fsync_directory(output.parent_path());
-  std::printf("exported %s (step %lld, %s, %lld parameters, tokens: %s) as %s to %s\n",
-              args.checkpoint.c_str(), static_cast<long long>(w.step), w.config.to_string().c_str(),
-              static_cast<long long>(w.config.num_parameters()),
+  std::printf("exported %s (step %s, %s, %lld parameters, tokens: %s) as %s to %s\n",
+              args.checkpoint.c_str(), w.step < 0 ? "unknown" : std::to_string(w.step).c_str(),
+              w.config.to_string().c_str(), static_cast<long long>(w.config.num_parameters()),
               spec.kind.empty() ? "unknown" : spec.kind.c_str(), args.format.c_str(),
               output.string().c_str());
   if (args.format == "hf") {

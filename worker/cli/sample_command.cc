@@ -56,10 +56,10 @@ int run_sample(const SampleArgs& args) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr,
                "sample: %zu prompt + %zu generated tokens (%s) in %.2f s, %.1f tokens/s on cpu, "
-               "step %lld of %s\n",
+               "step %s of %s\n",
                g.prompt_ids.size(), g.ids.size(), spec.kind.c_str(), secs,
                secs > 0 ? static_cast<double>(g.ids.size()) / secs : 0.0,
-               static_cast<long long>(w.step), args.checkpoint.c_str());
+               w.step < 0 ? "unknown" : std::to_string(w.step).c_str(), args.checkpoint.c_str());
   return kExitFinished;
 }
 
