@@ -284,6 +284,12 @@ DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& optio
   }
   std::string failures;
   for (const std::string& f : report.failures()) failures += (failures.empty() ? "" : "; ") + f;
+  if (!required && !options.allow_cpu_fallback) {
+    throw FailedPrecondition("the GPU failed the start-up self-check: " + failures +
+                             ". This replica cannot train on the CPU instead: a data-parallel "
+                             "group cannot mix CPU and GPU replicas. Run `longhaul-worker doctor` "
+                             "on this node");
+  }
   if (required) {
     throw FailedPrecondition(
         "the GPU failed the start-up self-check, so it would train a wrong "

@@ -283,6 +283,16 @@ TEST(DevicePlanTest, AFamilyWithNoCorrectKernelMeansCpuUnderAutoAndExitTwoUnderC
       << plan.why_cpu;
   EXPECT_EQ(plan.labels().at("attention"), "cpu");
 
+  // A replica of a data-parallel group cannot fall back alone.
+  PlanOptions replica = fake_plan("auto", &device);
+  replica.allow_cpu_fallback = false;
+  try {
+    plan_device(gpt2_like(), replica);
+    FAIL() << "a replica fell back to the CPU alone";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot mix CPU and GPU replicas")) << e.what();
+  }
+
   try {
     plan_device(gpt2_like(), fake_plan("cuda", &device));
     FAIL() << "device: cuda trained on a GPU that failed the self-check";

@@ -209,7 +209,7 @@ RunResult run_training(const RunOptions& options) {
   std::unique_ptr<model::LanguageModel> model;
   selfcheck::DevicePlan plan;
   try {
-    ModelOnDevice made = make_model_on_device(config, model_config);
+    ModelOnDevice made = make_model_on_device(config, model_config, options.world_size);
     model = std::move(made.model);
     plan = std::move(made.plan);
   } catch (const Error& e) {  // device: cuda without a usable GPU, activations do not fit, ...

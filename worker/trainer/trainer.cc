@@ -154,7 +154,11 @@ model::GPT2Config model_config_for(const WorkerConfig& config) {
   return c;
 }
 
-ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape) {
+ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape,
+                                   int world_size) {
+  // A data-parallel group cannot mix CPU and GPU replicas (Gloo vs NCCL all-reduce): a replica
+  // whose GPU is present but unusable stops the group instead of falling back alone.
+  const bool may_fall_back = world_size <= 1;
   const int B = static_cast<int>(config.training.batch_size);
   const int T = static_cast<int>(config.training.seq_len);
   ModelOnDevice out;
@@ -185,6 +189,7 @@ ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2
   selfcheck::PlanOptions options;
   options.device = config.device;
   options.self_check = config.cuda.self_check;
+  options.allow_cpu_fallback = may_fall_back;
   out.plan = selfcheck::plan_device(shape, options);  // throws for device: cuda
   if (out.plan.device == "cuda") {
     try {
@@ -194,6 +199,11 @@ ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2
     } catch (const Error& e) {
       // Out of memory, a broken context, ...: auto falls back, cuda fails.
       if (config.device == "cuda") throw;
+      if (!may_fall_back) {
+        throw FailedPrecondition(std::string("this replica's GPU failed at start (") + e.what() +
+                                 "); the other replicas train on theirs, and a data-parallel "
+                                 "group cannot mix CPU and GPU replicas");
+      }
       selfcheck::DevicePlan failed = std::move(out.plan);
       ModelOnDevice cpu;
       cpu.plan.device = "cpu";

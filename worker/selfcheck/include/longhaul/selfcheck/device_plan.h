@@ -70,6 +70,10 @@ struct PlanOptions {
   std::string device = "auto";  // auto | cpu | cuda
   bool self_check = true;
   int device_ordinal = 0;
+  // False for a replica of a data-parallel group: a GPU that is present but fails the
+  // self-check is then FailedPrecondition under `auto` too, since one CPU replica cannot join GPU
+  // replicas (Gloo vs NCCL). A machine without any usable GPU still plans the CPU.
+  bool allow_cpu_fallback = true;
   // Test hooks (empty: the real CUDA backend). A test stands the CPU in for the device with
   // cpu_registry() (a family swapped for a wrong implementation) and make_cpu_gpt2.
   const Registry* device_registry = nullptr;

@@ -65,7 +65,10 @@ struct ModelOnDevice {
   std::unique_ptr<model::LanguageModel> model;
   selfcheck::DevicePlan plan;
 };
-ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape);
+// With world_size > 1, a GPU that is present but fails the self-check or fails at start is an
+// error under `auto` too (FailedPrecondition): one replica on the CPU cannot join GPU replicas.
+ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape,
+                                   int world_size = 1);
 std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
                                                  const model::GPT2Config& shape);
 
