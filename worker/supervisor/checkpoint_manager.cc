@@ -23,7 +23,21 @@ double mtime_seconds(const std::filesystem::path& p) {
   return static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9;
 }
 
+std::filesystem::path normal_dir(const std::filesystem::path& p) {
+  std::error_code ec;
+  auto c = std::filesystem::weakly_canonical(p, ec);
+  if (ec) c = std::filesystem::absolute(p, ec).lexically_normal();
+  if (!c.empty() && !c.has_filename()) c = c.parent_path();  // "a/b/" -> "a/b"
+  return c;
+}
+
 }  // namespace
+
+bool CheckpointManager::owns(const std::filesystem::path& file) const {
+  const auto step = checkpoint_step(file.filename().string(), options_.basename);
+  if (!step || file.filename() != file_for_step(*step).filename()) return false;
+  return normal_dir(file.parent_path()) == normal_dir(options_.logdir);
+}
 
 CheckpointManager::CheckpointManager(CheckpointManagerOptions options)
     : options_(std::move(options)) {
@@ -59,6 +73,15 @@ void CheckpointManager::remove_temp_files() {
     }
   }
   if (removed) file::fsync_directory(options_.logdir);
+}
+
+void CheckpointManager::warn_foreign(std::string_view prefix,
+                                     const std::filesystem::path& file) const {
+  LH_LOG(WARNING) << "the checkpoint state file names a file outside the logdir or not named like "
+                     "this run's checkpoints; it is left alone (never deleted) and dropped from "
+                     "the rotation"
+                  << kv("entry", std::string(prefix)) << kv("file", file.string())
+                  << kv("logdir", options_.logdir.string());
 }
 
 std::vector<CheckpointEntry> CheckpointManager::scan_directory() const {
@@ -98,6 +121,10 @@ void CheckpointManager::load_state() {
     for (size_t i = 0; i < state->all_model_checkpoint_paths.size(); ++i) {
       const auto& prefix = state->all_model_checkpoint_paths[i];
       auto file = checkpoint_file_for(options_.logdir, prefix);
+      if (!owns(file)) {
+        warn_foreign(prefix, file);
+        continue;
+      }
       double ts = i < state->all_model_checkpoint_timestamps.size()
                       ? state->all_model_checkpoint_timestamps[i]
                       : mtime_seconds(file);
@@ -105,7 +132,8 @@ void CheckpointManager::load_state() {
           CheckpointEntry{file, checkpoint_step(prefix, options_.basename).value_or(-1), ts});
     }
     // model_checkpoint_path is the latest even if a hand-edited file lists it elsewhere.
-    if (!state->model_checkpoint_path.empty()) {
+    if (!state->model_checkpoint_path.empty() &&
+        owns(checkpoint_file_for(options_.logdir, state->model_checkpoint_path))) {
       auto latest = checkpoint_file_for(options_.logdir, state->model_checkpoint_path);
       auto it = std::find_if(entries_.begin(), entries_.end(),
                              [&](const auto& e) { return e.file == latest; });
@@ -173,10 +201,11 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
     state.last_preserved_timestamp = last_preserved_timestamp_;
     write_checkpoint_state(options_.logdir, state);
   }
-  // Delete only after the state file stopped naming them.
+  // Delete only after the state file stopped naming them, and only our own files (load_state
+  // keeps foreign ones out of the rotation; this is the last line of defence).
   std::error_code ec;
   for (const auto& f : to_delete) {
-    if (f == path) continue;
+    if (f == path || !owns(f)) continue;
     std::filesystem::remove(f, ec);
     if (ec) {
       LH_LOG(WARNING) << "cannot delete old checkpoint" << kv("file", f.string())

@@ -143,6 +143,33 @@ TEST(CheckpointManager, KeepsOnlyMaxToKeepNewest) {
             (std::vector<std::string>{"model.ckpt-4", "model.ckpt-5"}));
 }
 
+// Regression: a state file naming absolute paths (as TensorFlow tools write) or `../` paths made
+// max_to_keep unlink those files, outside the logdir.
+TEST(CheckpointManager, RetentionNeverDeletesFilesOutsideTheLogdirOrNotNamedLikeOurs) {
+  TempDir dir;
+  const auto logdir = dir.path() / "run";
+  const auto elsewhere = dir.path() / "elsewhere";
+  std::filesystem::create_directories(logdir);
+  std::filesystem::create_directories(elsewhere);
+  write_bytes(elsewhere / "model.ckpt-1.safetensors", "precious 1");
+  write_bytes(elsewhere / "model.ckpt-2.safetensors", "precious 2");
+  write_bytes(logdir / "notes-3.safetensors", "precious 3");
+  CheckpointState st;
+  st.all_model_checkpoint_paths = {(elsewhere / "model.ckpt-1").string(),
+                                   "../elsewhere/model.ckpt-2", "notes-3"};
+  st.all_model_checkpoint_timestamps = {1, 2, 3};
+  st.model_checkpoint_path = "notes-3";
+  write_checkpoint_state(logdir, st);
+  CheckpointManager m({logdir, "model.ckpt", 1, 0});
+  for (int step = 10; step <= 13; ++step) m.save(snapshot_at(step));
+  EXPECT_EQ(read_bytes(elsewhere / "model.ckpt-1.safetensors"), "precious 1");
+  EXPECT_EQ(read_bytes(elsewhere / "model.ckpt-2.safetensors"), "precious 2");
+  EXPECT_EQ(read_bytes(logdir / "notes-3.safetensors"), "precious 3");
+  EXPECT_EQ(steps_on_disk(logdir), (std::vector<int64_t>{13}));
+  EXPECT_EQ(read_checkpoint_state(logdir)->all_model_checkpoint_paths,
+            (std::vector<std::string>{"model.ckpt-13"}));
+}
+
 TEST(CheckpointManager, MaxToKeepZeroKeepsEverything) {
   TempDir dir;
   CheckpointManager m({dir.path(), "model.ckpt", 0, 0});

@@ -13,7 +13,10 @@
 // timestamps): after each save, while more than max_to_keep checkpoints are listed, the oldest
 // leaves the list; it is kept on disk (preserved) when its timestamp is at least
 // keep_checkpoint_every_n_hours after last_preserved_timestamp (which then becomes its
-// timestamp), deleted otherwise. max_to_keep 0 keeps everything. A fresh logdir starts
+// timestamp), deleted otherwise. max_to_keep 0 keeps everything. Only files this manager owns
+// (owns(): inside the logdir, named `<basename>-<step>.safetensors`) are ever deleted: a state file
+// naming absolute paths elsewhere or `../` paths (TF tools write absolute ones) has those entries
+// left alone with a WARNING and dropped from the rotation. A fresh logdir starts
 // last_preserved_timestamp at the manager's creation time, as TF does.
 //
 // Thread-safety: CheckpointManager is internally locked; save() may run on the AsyncCheckpointer
@@ -31,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -89,11 +93,15 @@ class CheckpointManager {
 
   const CheckpointManagerOptions& options() const { return options_; }
   std::filesystem::path file_for_step(int64_t step) const;
+  // True for `<logdir>/<basename>-<step>.safetensors` exactly (after resolving `..` and
+  // symlinks): the only files retention may ever delete.
+  bool owns(const std::filesystem::path& file) const;
 
  private:
   void load_state();
   std::vector<CheckpointEntry> scan_directory() const;
   void remove_temp_files();
+  void warn_foreign(std::string_view prefix, const std::filesystem::path& file) const;
 
   CheckpointManagerOptions options_;
   mutable std::mutex mu_;
