@@ -223,6 +223,41 @@ TEST_F(WorkerCliTest, CorruptLatestCheckpointFallsBackToThePreviousWithAWarning)
   EXPECT_EQ(state_file_latest_step(logdir), 8);
 }
 
+// Flips one bit of the first digit of metadata value `key` in a checkpoint's header.
+void flip_metadata_digit(const fs::path& file, const std::string& key) {
+  std::string bytes = read_text(file);
+  const size_t at = bytes.find("\"" + key + "\":\"");
+  ASSERT_NE(at, std::string::npos) << key;
+  const size_t digit = bytes.find_first_of("0123456789", at + key.size() + 4);
+  ASSERT_NE(digit, std::string::npos);
+  bytes[digit] = static_cast<char>(bytes[digit] ^ 0x01);
+  write_text(file, bytes);
+}
+
+// Regression: one flipped bit in the `step` metadata made the worker restore "step 11 of 10"
+// and finish; in `data_position` it exited 2 (a config error) while `inspect` said that
+// checkpoint would be restored. Metadata is checksummed: a flip is corruption, `train` falls
+// back to the previous checkpoint, and `inspect` (the same code path) says so.
+TEST_F(WorkerCliTest, FlippedMetadataBitFallsBackToThePreviousCheckpointInTrainAndInspect) {
+  for (const std::string key : {"step", "data_position"}) {
+    SCOPED_TRACE(key);
+    const fs::path logdir = dir_ / ("run-" + key);
+    train_good_logdir(logdir);
+    flip_metadata_digit(logdir / "model.ckpt-10.safetensors", key);
+    RunOutput inspect = run_worker({"inspect", logdir.string(), "--json"}, dir_);
+    ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+    const auto j = nlohmann::json::parse(inspect.out);
+    EXPECT_EQ(j["restore"]["step"], 5) << inspect.out;
+    EXPECT_EQ(j["skipped"], nlohmann::json::array({"model.ckpt-10.safetensors"}));
+    RunOutput r = run_worker({"train", "--config", "small.yaml", "--logdir", logdir.string(),
+                              "--set", "training.max_steps=8"},
+                             dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.out, "resuming at step 5/8")) << r.out;
+    EXPECT_TRUE(contains(r.err, "metadata_crc32c")) << r.err;
+  }
+}
+
 TEST_F(WorkerCliTest, SigtermWritesAFinalCheckpointAndResumeIsBitIdentical) {
   // Uninterrupted: 3000 steps (about a second: SIGTERM always lands mid-run), only the final
   // checkpoint.

@@ -118,7 +118,7 @@ int run_inspect(const InspectArgs& args) {
                     {"step", reader->global_step()}};
     json md = json::object();
     for (const auto& [k, v] : reader->metadata()) {
-      if (k != supervisor::kCrc32cMetadataKey) md[k] = v;
+      if (k != supervisor::kCrc32cMetadataKey && k != supervisor::kMetadataCrc32cKey) md[k] = v;
     }
     restore["metadata"] = md;
     if (args.tensors) restore["tensors"] = tensor_list(*reader);

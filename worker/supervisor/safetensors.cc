@@ -63,6 +63,19 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+uint32_t metadata_crc32c(const std::map<std::string, std::string>& metadata) {
+  uint32_t crc = 0;
+  const char zero = '\0';
+  for (const auto& [k, v] : metadata) {
+    if (k == kMetadataCrc32cKey) continue;
+    crc = crc32c::extend(crc, k.data(), k.size());
+    crc = crc32c::extend(crc, &zero, 1);
+    crc = crc32c::extend(crc, v.data(), v.size());
+    crc = crc32c::extend(crc, &zero, 1);
+  }
+  return crc;
+}
+
 uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
                            const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> names;
@@ -91,6 +104,13 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
   for (const auto& [k, v] : metadata) meta[k] = v;
   if (!meta.contains("format")) meta["format"] = "pt";
   meta[std::string(kCrc32cMetadataKey)] = crcs.dump();
+  {
+    std::map<std::string, std::string> sorted;
+    for (auto it = meta.begin(); it != meta.end(); ++it) {
+      sorted[it.key()] = it.value().get<std::string>();
+    }
+    meta[std::string(kMetadataCrc32cKey)] = hex32(metadata_crc32c(sorted));
+  }
   header["__metadata__"] = meta;
   for (const auto& t : tensors) {
     const TensorSpec& spec = *t.spec;
@@ -253,6 +273,14 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path, Options options
                          " bytes after the last tensor are not covered by the header");
     }
 
+    if (auto it = metadata_.find(std::string(kMetadataCrc32cKey)); it != metadata_.end()) {
+      uint32_t want = 0;
+      if (!parse_hex32(it->second, want) || want != metadata_crc32c(metadata_)) {
+        corrupt(path_,
+                "__metadata__ does not match its CRC-32C (metadata_crc32c): a value such as the "
+                "step or the data position was altered");
+      }
+    }
     std::map<std::string, uint32_t, std::less<>> crcs;
     if (auto it = metadata_.find(std::string(kCrc32cMetadataKey)); it != metadata_.end()) {
       nlohmann::json j;

@@ -247,10 +247,19 @@ INSTANTIATE_TEST_SUITE_P(
                    "needs"},
         Corruption{"MissingChecksum",
                    [](std::string b) {
-                     return set_header(
-                         b, [](nlohmann::json& h) { h["__metadata__"].erase("crc32c"); });
+                     return set_header(b, [](nlohmann::json& h) {
+                       h["__metadata__"].erase("crc32c");
+                       h["__metadata__"].erase("metadata_crc32c");
+                     });
                    },
                    "no CRC-32C"},
+        // Regression: metadata (the step, the data position) was not covered by any checksum.
+        Corruption{"MetadataValueAltered",
+                   [](std::string b) {
+                     return set_header(
+                         b, [](nlohmann::json& h) { h["__metadata__"]["global_step"] = "999"; });
+                   },
+                   "metadata_crc32c"},
         Corruption{"MetadataNotString",
                    [](std::string b) {
                      return set_header(b,

@@ -10,7 +10,9 @@
 //
 // Checksums (longhaul's addition, invisible to other readers): `__metadata__["crc32c"]` holds a
 // JSON object, serialised as a string, mapping every tensor name to the 8-hex-digit CRC-32C of
-// its bytes, e.g. {"wte.weight":"1a2b3c4d", ...}. The writer also sets `__metadata__["format"]`
+// its bytes, e.g. {"wte.weight":"1a2b3c4d", ...}; `__metadata__["metadata_crc32c"]` covers every
+// other metadata value (a mismatch is DataLoss at open, so the checkpoint is skipped like one
+// with a bad tensor). The writer also sets `__metadata__["format"]`
 // to "pt" unless given, because Hugging Face transformers refuses files without it.
 //
 // Thread-safety: write_safetensors is reentrant. A SafetensorsReader is immutable after
@@ -34,6 +36,13 @@ namespace longhaul::supervisor {
 
 // The metadata key holding the per-tensor CRC-32C map.
 inline constexpr std::string_view kCrc32cMetadataKey = "crc32c";
+// The metadata key holding the CRC-32C of every other metadata entry (metadata_crc32c()), so a
+// flipped bit in the step or the data position is corruption, like one in a tensor. Readers
+// verify it when present (files of older longhaul versions and other tools have none).
+inline constexpr std::string_view kMetadataCrc32cKey = "metadata_crc32c";
+
+// CRC-32C of `key \0 value \0` for every entry in key order, except kMetadataCrc32cKey.
+uint32_t metadata_crc32c(const std::map<std::string, std::string>& metadata);
 
 // One tensor to write: its spec and its bytes (bytes.size() must equal spec.nbytes()).
 struct TensorView {
