@@ -5,6 +5,7 @@
 #include <ctime>
 #include <set>
 
+#include "longhaul/api/validation.h"
 #include "longhaul/base/error.h"
 
 namespace longhaul::api {
@@ -127,7 +128,7 @@ ReplicaSpec parse_replica(const json& v, const std::string& path, ReplicaType ty
     if (!kKnown.contains(key)) fail(path + "." + key, "unknown field");
   }
   ReplicaSpec r;
-  r.replicas = static_cast<int32_t>(get_int(v, "replicas", path, 1, 0, 10000));
+  r.replicas = static_cast<int32_t>(get_int(v, "replicas", path, 1, 0, kMaxReplicasPerType));
   if (type == ReplicaType::kChief && r.replicas > 1) {
     fail(path + ".replicas", "must be <= 1 (at most one Chief replica)");
   }
@@ -232,6 +233,18 @@ TrainingJobSpec parse_spec(const json& spec) {
       fail(path, "give either claimName or storageClassName, not both");
     }
     d.size = get_string(*l, "size", path, d.size);
+    if (auto q = parse_quantity(d.size); !q || *q <= 0) {
+      fail(path + ".size", "invalid quantity \"" + d.size +
+                               "\": must be a positive Kubernetes quantity such as \"10Gi\"");
+    }
+    if (!d.storage_class_name.empty() && !is_dns1123_subdomain(d.storage_class_name)) {
+      fail(path + ".storageClassName",
+           "invalid name \"" + d.storage_class_name + "\": must be a DNS-1123 subdomain");
+    }
+    if (!d.claim_name.empty() && !is_dns1123_subdomain(d.claim_name)) {
+      fail(path + ".claimName",
+           "invalid name \"" + d.claim_name + "\": must be a DNS-1123 subdomain");
+    }
     if (const json* am = field(*l, "accessModes")) {
       if (!am->is_array()) fail(path + ".accessModes", "must be an array");
       d.access_modes.clear();
@@ -301,22 +314,7 @@ void validate_runnable(const TrainingJobSpec& spec, std::string_view job_name) {
   }
   for (const auto& [type, r] : spec.replica_specs) {
     const std::string path = "spec.replicaSpecs." + std::string(replica_type_name(type));
-    const json* s = field(r.pod_template, "spec");
-    const json* containers = s ? field(*s, "containers") : nullptr;
-    if (containers == nullptr || !containers->is_array() || containers->empty()) {
-      fail(path + ".template.spec.containers", "must list at least one container");
-    }
-    for (size_t i = 0; i < containers->size(); ++i) {
-      const json& c = (*containers)[i];
-      const std::string cp = path + ".template.spec.containers[" + std::to_string(i) + "]";
-      if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) {
-        fail(cp + ".name", "is required");
-      }
-      if (!c.contains("image") || !c["image"].is_string() ||
-          c["image"].get<std::string>().empty()) {
-        fail(cp + ".image", "is required");
-      }
-    }
+    validate_pod_template(r.pod_template, path + ".template", spec.logdir);
     if (r.replicas > 0) {
       const std::string longest = std::string(job_name) + "-" +
                                   std::string(replica_type_label(type)) + "-" +

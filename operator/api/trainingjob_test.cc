@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "longhaul/api/validation.h"
 #include "longhaul/base/error.h"
 
 namespace longhaul::api {
@@ -135,6 +136,198 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"BadSuccessPolicy", R"({"successPolicy":"Any"})",
                 "spec.successPolicy: unsupported value"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// What the API server would refuse when the operator creates the pods: each is caught before
+// any pod is created, with the TrainingJob field path and what to change.
+struct UnrunnableSpec {
+  const char* name;
+  const char* container;       // merged onto the Worker's first container {"name":"w","image":"i"}
+  const char* template_patch;  // merged onto the Worker's template
+  const char* message_prefix;
+  const char* advice;  // a fragment of the message telling what to change
+};
+void PrintTo(const UnrunnableSpec& c, std::ostream* os) { *os << c.name; }
+
+class PodCreateWouldBeRefused : public ::testing::TestWithParam<UnrunnableSpec> {};
+
+TEST_P(PodCreateWouldBeRefused, FailsValidationNamingTheField) {
+  json j = minimal_spec();
+  json& tmpl = j["replicaSpecs"]["Worker"]["template"];
+  tmpl["spec"]["containers"][0].merge_patch(json::parse(GetParam().container));
+  tmpl.merge_patch(json::parse(GetParam().template_patch));
+  const TrainingJobSpec s = parse_spec(j);
+  try {
+    validate_runnable(s, "job");
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(GetParam().message_prefix, 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find(GetParam().advice), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, PodCreateWouldBeRefused,
+    ::testing::Values(
+        UnrunnableSpec{"UpperCaseContainerName", R"({"name":"Trainer"})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].name: invalid "
+                       "container name \"Trainer\"",
+                       "DNS-1123 label"},
+        UnrunnableSpec{"UnderscoreContainerName", R"({"name":"my_trainer"})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].name", "DNS-1123"},
+        UnrunnableSpec{"DuplicateContainerName", "{}",
+                       R"({"spec":{"initContainers":[{"name":"w","image":"i"}]}})",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].name: duplicate",
+                       "its own name"},
+        UnrunnableSpec{"MissingImage", R"({"image":""})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].image: is required",
+                       "required"},
+        UnrunnableSpec{"PortNameTooLong",
+                       R"({"ports":[{"name":"prometheus-metrics","containerPort":9400}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].ports[0].name: "
+                       "invalid port name \"prometheus-metrics\"",
+                       "at most 15"},
+        UnrunnableSpec{"PortNameUpperCase",
+                       R"({"ports":[{"name":"Metrics","containerPort":9400}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].ports[0].name",
+                       "IANA service name"},
+        UnrunnableSpec{"PortNameAllDigits", R"({"ports":[{"name":"9400","containerPort":9400}]})",
+                       "{}", "spec.replicaSpecs.Worker.template.spec.containers[0].ports[0].name",
+                       "at least one letter"},
+        UnrunnableSpec{
+            "DuplicatePortName",
+            R"({"ports":[{"name":"m","containerPort":1},{"name":"m","containerPort":2}]})", "{}",
+            "spec.replicaSpecs.Worker.template.spec.containers[0].ports[1].name: "
+            "duplicate port name",
+            "unique"},
+        UnrunnableSpec{"PortOutOfRange", R"({"ports":[{"containerPort":70000}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].ports[0]."
+                       "containerPort",
+                       "between 1 and 65535"},
+        UnrunnableSpec{"BadProtocol", R"({"ports":[{"containerPort":80,"protocol":"HTTP"}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].ports[0].protocol",
+                       "TCP, UDP or SCTP"},
+        UnrunnableSpec{"EnvNameStartsWithDigit", R"({"env":[{"name":"1X","value":"a"}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].env[0].name: "
+                       "invalid environment variable name \"1X\"",
+                       "must not start with a digit"},
+        UnrunnableSpec{"EnvNameWithSpace", R"({"env":[{"name":"MY VAR","value":"a"}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].env[0].name",
+                       "letters, digits"},
+        UnrunnableSpec{"EnvValueNotString", R"({"env":[{"name":"N","value":1}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].env[0].value",
+                       "must be a string"},
+        UnrunnableSpec{"BadMemoryQuantity", R"({"resources":{"limits":{"memory":"2GB"}}})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].resources.limits["
+                       "memory]: invalid quantity \"2GB\"",
+                       "16Gi"},
+        UnrunnableSpec{"NegativeCpu", R"({"resources":{"requests":{"cpu":"-1"}}})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].resources.requests["
+                       "cpu]",
+                       ">= 0"},
+        UnrunnableSpec{"RequestAboveLimit",
+                       R"({"resources":{"requests":{"cpu":"2"},"limits":{"cpu":"1500m"}}})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].resources.requests["
+                       "cpu]",
+                       "less than or equal to limits[cpu]"},
+        UnrunnableSpec{"FractionalGpu", R"({"resources":{"limits":{"nvidia.com/gpu":"0.5"}}})",
+                       "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].resources.limits["
+                       "nvidia.com/gpu]",
+                       "whole numbers"},
+        UnrunnableSpec{"GpuRequestWithoutLimit",
+                       R"({"resources":{"requests":{"nvidia.com/gpu":"1"}}})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].resources.limits["
+                       "nvidia.com/gpu]: is required",
+                       "equal to the request"},
+        UnrunnableSpec{"UnknownResourceName", R"({"resources":{"limits":{"gpu":"1"}}})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].resources.limits["
+                       "gpu]: unknown resource name",
+                       "nvidia.com/gpu"},
+        UnrunnableSpec{"MountOfUnknownVolume",
+                       R"({"volumeMounts":[{"name":"data","mountPath":"/data"}]})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].volumeMounts[0]."
+                       "name: volume \"data\" is not in template.spec.volumes",
+                       "add it there"},
+        UnrunnableSpec{
+            "SamePathMountedTwice",
+            R"({"volumeMounts":[{"name":"d","mountPath":"/d"},{"name":"d","mountPath":"/d"}]})",
+            R"({"spec":{"volumes":[{"name":"d","emptyDir":{}}]}})",
+            "spec.replicaSpecs.Worker.template.spec.containers[0].volumeMounts[1]."
+            "mountPath",
+            "must be unique"},
+        UnrunnableSpec{"BadVolumeName", "{}",
+                       R"({"spec":{"volumes":[{"name":"Data","emptyDir":{}}]}})",
+                       "spec.replicaSpecs.Worker.template.spec.volumes[0].name: invalid volume "
+                       "name",
+                       "DNS-1123 label"},
+        UnrunnableSpec{"LabelValueWithSpace", "{}",
+                       R"({"metadata":{"labels":{"team":"ml research"}}})",
+                       "spec.replicaSpecs.Worker.template.metadata.labels[team]: invalid value",
+                       "at most 63 characters"},
+        UnrunnableSpec{
+            "LabelValueTooLong", "{}",
+            R"({"metadata":{"labels":{"team":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}})",
+            "spec.replicaSpecs.Worker.template.metadata.labels[team]", "at most 63"},
+        UnrunnableSpec{"LabelKeyInvalid", "{}", R"({"metadata":{"labels":{"-team":"a"}}})",
+                       "spec.replicaSpecs.Worker.template.metadata.labels: key \"-team\"",
+                       "qualified name"},
+        UnrunnableSpec{
+            "AnnotationKeyInvalid", "{}", R"({"metadata":{"annotations":{"Example.com/x":"a"}}})",
+            "spec.replicaSpecs.Worker.template.metadata.annotations: key", "qualified name"},
+        UnrunnableSpec{
+            "NodeSelectorValueInvalid", "{}", R"({"spec":{"nodeSelector":{"pool":"gpu pool"}}})",
+            "spec.replicaSpecs.Worker.template.spec.nodeSelector[pool]", "at most 63 characters"},
+        UnrunnableSpec{
+            "BadServiceAccountName", "{}", R"({"spec":{"serviceAccountName":"Trainer_SA"}})",
+            "spec.replicaSpecs.Worker.template.spec.serviceAccountName", "DNS-1123 subdomain"},
+        UnrunnableSpec{"BadPullPolicy", R"({"imagePullPolicy":"Sometimes"})", "{}",
+                       "spec.replicaSpecs.Worker.template.spec.containers[0].imagePullPolicy",
+                       "Always, IfNotPresent or Never"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ValidateRunnable, AcceptsWhatKubernetesAccepts) {
+  json j = minimal_spec();
+  json& tmpl = j["replicaSpecs"]["Worker"]["template"];
+  tmpl["metadata"] = json::parse(
+      R"({"labels":{"app.kubernetes.io/name":"gpt2","team":"ml.research_1"},
+          "annotations":{"example.com/note":"any text at all"}})");
+  tmpl["spec"] = json::parse(R"({
+    "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+    "serviceAccountName": "trainer",
+    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+    "containers": [{"name": "trainer-0", "image": "registry.example/lh:0.1",
+      "ports": [{"name": "longhaul", "containerPort": 2222}, {"name": "metrics", "containerPort": 9400}],
+      "env": [{"name": "OPENBLAS_CORETYPE", "value": "Haswell"}, {"name": "my.var-x", "value": ""}],
+      "resources": {"requests": {"cpu": "500m", "memory": "1.5Gi", "nvidia.com/gpu": 8},
+                    "limits": {"cpu": "2", "memory": "2e9", "nvidia.com/gpu": "8"}},
+      "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                       {"name": "longhaul-logdir", "mountPath": "/logdir"}]}]})");
+  EXPECT_NO_THROW(validate_runnable(parse_spec(j), "gpt2"));
+}
+
+TEST(Quantity, ParsesKubernetesGrammar) {
+  EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity("500m").value()), 0.5);
+  EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity("2Ki").value()), 2048.0);
+  EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity("1e3").value()), 1000.0);
+  EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity(".5").value()), 0.5);
+  EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity("+3").value()), 3.0);
+  for (const char* bad : {"", "Gi", "2GB", "1.2.3", "1 Gi", "e3", "1e", "5i"}) {
+    EXPECT_FALSE(parse_quantity(bad)) << bad;
+  }
+}
+
+TEST(Limits, AThousandReplicasPerTypeIsTheLargestJob) {
+  json j = minimal_spec();
+  j["replicaSpecs"]["Worker"]["replicas"] = kMaxReplicasPerType;
+  EXPECT_NO_THROW(parse_spec(j));
+  j["replicaSpecs"]["Worker"]["replicas"] = kMaxReplicasPerType + 1;
+  try {
+    parse_spec(j);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "spec.replicaSpecs.Worker.replicas: must be <= 1000");
+  }
+}
 
 TEST(ValidateRunnable, TemplateWithoutContainersNamesTheField) {
   json j = minimal_spec();

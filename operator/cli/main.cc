@@ -130,6 +130,7 @@ int run(int argc, char** argv) {
     ctl.start_workers();
     metrics.set_leader(true);
   };
+  std::shared_ptr<kube::HttpClient> lease_client;
   std::unique_ptr<kube::LeaderElector> elector;
   if (leader_elect) {
     kube::LeaderElectionConfig lc;
@@ -142,8 +143,19 @@ int run(int argc, char** argv) {
     // The elector's callbacks must return at once: they wake the main thread, which starts or
     // drains the workers.
     lc.on_started_leading = [] { ::kill(::getpid(), SIGUSR1); };
-    lc.on_stopped_leading = [] { ::kill(::getpid(), SIGUSR1); };
-    elector = std::make_unique<kube::LeaderElector>(client, lc);
+    // Writes stop here, on the elector's thread, before the main thread drains the workers.
+    lc.on_stopped_leading = [&ctl] {
+      ctl.cancel_workers();
+      ::kill(::getpid(), SIGUSR1);
+    };
+    // The Lease has a client of its own: renewals never queue behind the reconcilers' requests
+    // in the rate limiter, and a renewal stuck in retries gives up before the renew deadline.
+    kube::HttpClientOptions lease_options = client_options;
+    lease_options.qps = 5;
+    lease_options.burst = 10;
+    lease_options.retry_budget = lc.retry_period;
+    lease_client = std::make_shared<kube::HttpClient>(config, lease_options);
+    elector = std::make_unique<kube::LeaderElector>(lease_client, lc);
     elector->start();
   } else {
     start_reconciling();
@@ -153,15 +165,20 @@ int run(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == SIGUSR1) {
-      if (elector && elector->is_leader() && !ctl.workers_running()) {
-        start_reconciling();
-      } else if (elector && !elector->is_leader() && ctl.workers_running()) {
+      if (elector && elector->is_leader()) {
+        if (!ctl.workers_active()) {  // not started, or cancelled by a loss since regained
+          ctl.stop_workers();
+          start_reconciling();
+        }
+      } else if (elector && ctl.workers_running()) {
+        LH_LOG(WARNING) << "lost leadership: stopped writing, draining the workers";
         metrics.set_leader(false);
         ctl.stop_workers();
       }
       continue;
     }
     LH_LOG(INFO) << "shutting down" << kv("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    ctl.cancel_workers();  // writes stop now; the drain below waits only for reads in flight
     break;
   }
   // Drain the workers first (no reconcile may run once the Lease is given up), then release the
@@ -172,6 +189,7 @@ int run(int argc, char** argv) {
   ctl.stop();
   health.stop();
   client->close();
+  if (lease_client) lease_client->close();
   LH_LOG(INFO) << "longhaul-operator stopped";
   return 0;
 }

@@ -5,6 +5,7 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
 #include "longhaul/kube/selector.h"
+#include "longhaul/kube/stop.h"
 
 namespace longhaul::controller {
 
@@ -170,13 +171,33 @@ void Controller::start_workers() {
   for (auto& inf : job_informers_) {
     for (const std::string& key : inf->store().keys()) queue_->add(key);
   }
+  std::stop_token token;
+  {
+    std::lock_guard lock(term_mu_);
+    term_ = std::stop_source();
+    token = term_.get_token();
+  }
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
-    workers_.emplace_back([this] { worker_loop(); });
+    workers_.emplace_back([this, token] {
+      kube::ScopedStopToken scope(token);
+      worker_loop();
+    });
   }
   LH_LOG(INFO) << "controller workers started" << kv("workers", options_.workers);
 }
 
+bool Controller::workers_active() {
+  std::lock_guard lock(term_mu_);
+  return workers_running_.load() && !term_.stop_requested();
+}
+
+void Controller::cancel_workers() {
+  std::lock_guard lock(term_mu_);
+  term_.request_stop();
+}
+
 void Controller::stop_workers() {
+  cancel_workers();
   if (!workers_running_.exchange(false)) return;
   // Workers notice within one get_for() timeout and finish the reconcile they are in. The queue
   // stays: informer handlers keep adding to it while this replica does not lead.
@@ -213,7 +234,7 @@ void Controller::resync_loop() {
 
 void Controller::worker_loop() {
   kube::WorkQueue& queue = *queue_;
-  while (workers_running_) {
+  while (workers_running_ && !kube::stop_requested()) {
     const auto key = queue.get_for(std::chrono::milliseconds(200));
     if (!key) continue;
     const auto start = std::chrono::steady_clock::now();
@@ -228,6 +249,11 @@ void Controller::worker_loop() {
         queue.add_after(*key, *r.requeue_after);
         result = "requeue";
       }
+    } catch (const Cancelled& e) {
+      // Leadership lost or shutting down: the next term (this replica's or another's)
+      // reconciles the key again; start_workers() queues every job.
+      LH_LOG(INFO) << "reconcile stopped" << kv("job", *key) << kv("error", e.what());
+      result = "cancelled";
     } catch (const kube::ConflictError& e) {
       // The job changed under us: reconcile again from the fresh object.
       LH_LOG(DEBUG) << "conflict, requeueing" << kv("job", *key) << kv("error", e.what());

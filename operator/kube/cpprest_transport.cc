@@ -181,8 +181,11 @@ CpprestTransport::CpprestTransport(CpprestTransportOptions options)
 CpprestTransport::~CpprestTransport() = default;
 
 HttpResponse CpprestTransport::request(const HttpRequest& request) {
+  pplx::cancellation_token_source cancel;
+  std::stop_callback abort(request.stop, [&cancel] { cancel.cancel(); });
   try {
-    http::http_response response = impl_->client.request(make_request(request)).get();
+    http::http_response response =
+        impl_->client.request(make_request(request), cancel.get_token()).get();
     HttpResponse out;
     out.status = response.status_code();
     out.headers = copy_headers(response.headers());
@@ -191,6 +194,10 @@ HttpResponse CpprestTransport::request(const HttpRequest& request) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
+    if (request.stop.stop_requested()) {
+      throw Cancelled("HTTP " + request.method + " " + impl_->options.server + request.target +
+                      ": cancelled (leadership lost or shutting down)");
+    }
     throw_network(impl_->options.server, request, e.what());
   }
 }

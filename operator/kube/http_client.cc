@@ -7,6 +7,7 @@
 
 #include "longhaul/base/log.h"
 #include "longhaul/kube/cpprest_transport.h"
+#include "longhaul/kube/stop.h"
 
 #ifndef LONGHAUL_VERSION
 #define LONGHAUL_VERSION "0.0.0"
@@ -122,17 +123,31 @@ std::string list_query(const ListOptions& opts, bool watch, const std::string& c
   return out;
 }
 
+namespace {
+template <typename E>
+[[noreturn]] void throw_with_status(E error, const std::string& message, const json& causes) {
+  error.set_status(message, causes);
+  throw error;
+}
+}  // namespace
+
 void throw_api_error(int status, const std::string& body, const std::string& what) {
   std::string reason;
   std::string message;
+  json causes = json::array();
   try {
     json parsed = json::parse(body);
     if (parsed.is_object()) {
       reason = parsed.value("reason", "");
       message = parsed.value("message", "");
+      if (parsed.contains("details") && parsed["details"].is_object() &&
+          parsed["details"].contains("causes") && parsed["details"]["causes"].is_array()) {
+        causes = parsed["details"]["causes"];
+      }
     }
   } catch (const json::exception&) {
   }
+  const std::string server_message = message;
   if (message.empty()) message = body.substr(0, 300);
   if (message.empty()) message = "(no message)";
   std::string text = what + ": " + message + " (HTTP " + std::to_string(status) +
@@ -140,27 +155,35 @@ void throw_api_error(int status, const std::string& body, const std::string& wha
   switch (status) {
     case 400:
     case 422:
-      throw InvalidError(status, text);
+      throw_with_status(InvalidError(status, text), server_message, causes);
     case 401:
-      throw ApiError(Code::kPermissionDenied, status, reason.empty() ? "Unauthorized" : reason,
-                     text +
-                         ": the credentials were rejected; check the token or client "
-                         "certificate");
+      throw_with_status(
+          ApiError(Code::kPermissionDenied, status, reason.empty() ? "Unauthorized" : reason,
+                   text + ": the credentials were rejected; check the token or client "
+                          "certificate"),
+          server_message, causes);
     case 403:
-      throw ApiError(Code::kPermissionDenied, status, reason.empty() ? "Forbidden" : reason,
-                     text + ": check the operator's RBAC rules");
+      // RBAC denials say "User ... cannot <verb> resource ..."; other 403s (a ResourceQuota
+      // "exceeded quota", a namespace being terminated, an admission webhook) are not RBAC's.
+      throw_with_status(
+          ApiError(Code::kPermissionDenied, status, reason.empty() ? "Forbidden" : reason,
+                   message.find(" cannot ") != std::string::npos
+                       ? text + ": check the operator's RBAC rules"
+                       : text),
+          server_message, causes);
     case 404:
-      throw NotFoundError(text);
+      throw_with_status(NotFoundError(text), server_message, causes);
     case 409:
-      if (reason == "AlreadyExists") throw AlreadyExistsError(text);
-      throw ConflictError(text);
+      if (reason == "AlreadyExists")
+        throw_with_status(AlreadyExistsError(text), server_message, causes);
+      throw_with_status(ConflictError(text), server_message, causes);
     case 410:
-      throw GoneError(text);
+      throw_with_status(GoneError(text), server_message, causes);
     default:
       break;
   }
   if (status == 429 || status >= 500) throw Unavailable(text);
-  throw ApiError(Code::kInternal, status, reason, text);
+  throw_with_status(ApiError(Code::kInternal, status, reason, text), server_message, causes);
 }
 
 struct HttpClient::Call {
@@ -193,9 +216,14 @@ void HttpClient::close() {
 }
 
 bool HttpClient::wait(Clock::duration delay) {
+  const std::stop_token& stop = current_stop_token();
+  std::stop_callback wake(stop, [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  });
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, delay, [this] { return closed_; });
-  return !closed_;
+  cv_.wait_for(lock, delay, [&] { return closed_ || stop.stop_requested(); });
+  return !closed_ && !stop.stop_requested();
 }
 
 void HttpClient::observe(const std::string& verb, const std::string& code,
@@ -237,8 +265,13 @@ static Attempt run_with_retries(
   std::chrono::milliseconds waited{0};
   bool reauthenticated = false;
   std::string last_failure;
+  const std::stop_token& stop = current_stop_token();
   for (int retry = 0;; ++retry) {
-    if (!limiter.acquire()) throw Cancelled(what + ": the API client is closing");
+    throw_if_stop_requested(what);
+    if (!limiter.acquire(stop)) {
+      throw_if_stop_requested(what);
+      throw Cancelled(what + ": the API client is closing");
+    }
     std::optional<std::chrono::milliseconds> server_delay;
     const auto start = Clock::now();
     try {
@@ -278,7 +311,10 @@ static Attempt run_with_retries(
     }
     LH_LOG(DEBUG) << "retrying API request" << kv("call", what) << kv("failure", last_failure)
                   << kv("delay_ms", delay.count());
-    if (!wait(delay)) throw Cancelled(what + ": the API client is closing");
+    if (!wait(delay)) {
+      throw_if_stop_requested(what);
+      throw Cancelled(what + ": the API client is closing");
+    }
     waited += delay;
   }
 }
@@ -289,6 +325,7 @@ HttpResponse HttpClient::send(const Call& call, const HttpRequest& request) {
       [&] {
         HttpRequest req = request;
         add_common_headers(req);
+        req.stop = current_stop_token();
         HttpResponse response = transport_->request(req);
         Attempt out;
         out.status = response.status;

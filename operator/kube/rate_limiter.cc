@@ -22,13 +22,21 @@ TokenBucket::Clock::duration TokenBucket::reserve(Clock::time_point now) {
       std::chrono::duration<double>(-tokens_ / qps_));
 }
 
-bool TokenBucket::acquire() {
+bool TokenBucket::acquire(const std::stop_token& stop) {
+  if (stop.stop_requested()) return false;
   const auto wait = reserve(Clock::now());
-  std::unique_lock<std::mutex> lock(mu_);
-  if (wait > Clock::duration::zero()) {
-    cv_.wait_for(lock, wait, [this] { return closed_; });
+  if (wait <= Clock::duration::zero()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !closed_;
   }
-  return !closed_;
+  // Registered before taking mu_: the callback runs inline when the stop is already requested.
+  std::stop_callback wake(stop, [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return closed_ || stop.stop_requested(); });
+  return !closed_ && !stop.stop_requested();
 }
 
 void TokenBucket::close() {

@@ -5,9 +5,10 @@
 // defaults as the CRD schema (so a job created without a defaulting API server behaves the
 // same), and throws longhaul::InvalidArgument whose message starts with the field path, e.g.
 //   "spec.replicaSpecs.Worker.replicas: must be >= 0".
-// validate_runnable() adds the checks the schema cannot express (a template with no
-// containers, a name too long for pod hostnames); the reconciler turns those errors into the
-// Failed condition with reason InvalidSpec instead of crash-looping.
+// validate_runnable() adds the checks the schema cannot express (a name too long for pod
+// hostnames, and every rule the API server applies to the pods built from the templates: see
+// validation.h); the reconciler turns those errors into the Failed condition with reason
+// InvalidSpec before creating anything, instead of crash-looping.
 //
 // Status is parsed leniently (the operator reads back what it wrote) and serialised with
 // to_json(); equal statuses serialise to equal JSON, which is how the reconciler skips writes.
@@ -42,6 +43,10 @@ inline constexpr std::string_view kLabelReplicaIndex = "longhaul.dev/replica-ind
 inline constexpr std::string_view kLabelRole = "longhaul.dev/role";
 inline constexpr std::string_view kRoleChief = "chief";
 inline constexpr std::string_view kAnnotationRestartAttempt = "longhaul.dev/restart-attempt";
+
+// The largest supported job: at most this many replicas of each type (the CRD's maximum too).
+// Status stays bounded by it (counts per type and index ranges, see TrainingJobStatus).
+inline constexpr int32_t kMaxReplicasPerType = 1000;
 
 enum class ReplicaType { kChief, kWorker, kPS, kEvaluator };
 inline constexpr ReplicaType kAllReplicaTypes[] = {ReplicaType::kChief, ReplicaType::kWorker,

@@ -4,8 +4,14 @@
 // Lifecycle: start() starts the informers (they run whether or not this replica leads, so
 // /readyz can report sync and a new leader starts warm); start_workers() / stop_workers()
 // start and stop reconciling (the leader elector calls them); stop() stops workers, then
-// informers, and joins every thread. Keys: "namespace/name" of the job; a pod, Service or claim
-// event enqueues its job (the controller ownerReference, else the job-name label).
+// informers, and joins every thread.
+//
+// Stopping writes: each worker runs under a stop token (kube/stop.h) of the current leadership
+// term. cancel_workers() requests that stop without waiting (safe from the elector's callback):
+// from then on no reconcile starts a write; a write waiting for the rate limiter or in flight
+// is aborted. A reconcile stopped this way leaves its key queued for the next term. Keys:
+// "namespace/name" of the job; a pod, Service or claim event enqueues its job (the controller
+// ownerReference, else the job-name label).
 //
 // Reads: pods, Services and claims come from the informer caches; the job itself is read from
 // the API on every reconcile, so a status this operator just wrote is never read stale (see
@@ -21,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,9 +67,13 @@ class Controller {
   bool synced() const;
   bool wait_for_sync(std::chrono::milliseconds timeout) const;
   void start_workers();
-  void stop_workers();  // drains: returns once no reconcile is running
+  // Requests the stop of every write of the running workers; returns at once.
+  void cancel_workers();
+  void stop_workers();  // cancel_workers(), then returns once no reconcile is running
   void stop();
   bool workers_running() const { return workers_running_.load(); }
+  // Running and not cancelled.
+  bool workers_active();
 
   // Enqueues a job key by hand (tests, resync).
   void enqueue(const std::string& key);
@@ -85,6 +96,8 @@ class Controller {
   std::vector<std::thread> workers_;
   std::thread resync_;
   std::atomic<bool> workers_running_{false};
+  std::mutex term_mu_;
+  std::stop_source term_;  // guarded by term_mu_: the stop of the current leadership term
   std::mutex resync_mu_;
   std::condition_variable resync_cv_;
   bool started_ = false;

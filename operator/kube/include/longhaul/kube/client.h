@@ -56,16 +56,28 @@ extern const Resource kTrainingJobs;  // longhaul.dev/v1alpha1
 // An HTTP-level failure from the API server, translated to the project's error kinds:
 // 404 -> NotFoundError (also a longhaul::NotFound), 409 -> ConflictError / AlreadyExistsError,
 // 410 -> GoneError, 422/400 -> InvalidError, 429/5xx after retries -> Unavailable.
+//
+// what() is "<call>: <server message> (HTTP <code> <reason>)[: <hint>]"; status_message() is the
+// API server's own Status.message, and causes() its Status.details.causes (field errors of a
+// 422: {"field": "spec.containers[0].name", "reason": "FieldValueInvalid", "message": ...}).
 class ApiError : public Error {
  public:
   ApiError(Code code, int http_status, std::string reason, const std::string& message)
       : Error(code, message), http_status_(http_status), reason_(std::move(reason)) {}
   int http_status() const { return http_status_; }
   const std::string& reason() const { return reason_; }  // Status.reason, e.g. "Conflict"
+  const std::string& status_message() const { return status_message_; }
+  const json& causes() const { return causes_; }  // an array (empty when the server gave none)
+  void set_status(std::string message, json causes) {
+    status_message_ = std::move(message);
+    causes_ = std::move(causes);
+  }
 
  private:
   int http_status_;
   std::string reason_;
+  std::string status_message_;
+  json causes_ = json::array();
 };
 struct NotFoundError : ApiError {
   NotFoundError(const std::string& m) : ApiError(Code::kNotFound, 404, "NotFound", m) {}

@@ -9,6 +9,10 @@
 // is thrown. Other non-2xx answers become the ApiError subclasses of client.h with the Status
 // reason and message. The observer sees every HTTP attempt (verb, code, duration).
 //
+// Stopping: a stop token bound to the calling thread (stop.h) is checked before each attempt,
+// interrupts the waits for the limiter and for retries, and aborts the request in flight; the
+// call then throws Cancelled.
+//
 // Thread-safety: safe for concurrent use from many threads. close() makes waiting calls return
 // promptly (with Cancelled) and later calls fail with Cancelled; it does not abort open watches.
 #pragma once

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +27,8 @@ struct HttpRequest {
   std::string target;  // path plus already-encoded query: "/api/v1/pods?labelSelector=a%3Db"
   HttpHeaders headers;
   std::string body;  // sent only when non-empty
+  // request(): a stop requested on this token aborts the request in flight (Cancelled).
+  std::stop_token stop;
 };
 
 struct HttpResponse {
@@ -54,7 +57,8 @@ class HttpTransport {
  public:
   virtual ~HttpTransport() = default;
   // Sends one request and returns whatever status the server answered. Throws Unavailable on
-  // network failures (refused, reset, TLS failure, no answer within the transport's timeout).
+  // network failures (refused, reset, TLS failure, no answer within the transport's timeout),
+  // Cancelled when request.stop is requested before the answer arrived.
   virtual HttpResponse request(const HttpRequest& request) = 0;
   // Starts a request and returns without waiting for the answer (see HttpStream::status()).
   // `idle_timeout` bounds the silence between two pieces of the answer.

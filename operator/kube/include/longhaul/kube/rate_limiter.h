@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <stop_token>
 
 namespace longhaul::kube {
 
@@ -20,8 +21,9 @@ class TokenBucket {
   // when a token was available). Waits are queued: n callers in an empty bucket get n slots.
   Clock::duration reserve(Clock::time_point now);
 
-  // reserve() and then wait. Returns false when close() interrupted the wait.
-  bool acquire();
+  // reserve() and then wait. Returns false when close() or a stop request on `stop`
+  // interrupted the wait.
+  bool acquire(const std::stop_token& stop = {});
 
   void close();
 
