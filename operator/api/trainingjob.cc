@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <ctime>
 #include <set>
+#include <tuple>
 
 #include "longhaul/api/validation.h"
 #include "longhaul/base/error.h"
@@ -380,6 +381,34 @@ T lenient(const json& obj, const char* key, T def) {
 }
 }  // namespace
 
+namespace {
+// "job-worker-[0-2,5]" -> job-worker-0, -1, -2, -5; any other key is one pod name.
+std::vector<std::string> expand_pod_key(const std::string& key) {
+  const size_t open = key.rfind("-[");
+  if (open == std::string::npos || key.back() != ']') return {key};
+  const std::string prefix = key.substr(0, open);
+  std::vector<std::string> out;
+  std::string ranges = key.substr(open + 2, key.size() - open - 3);
+  size_t start = 0;
+  while (start <= ranges.size()) {
+    const size_t comma = std::min(ranges.find(',', start), ranges.size());
+    const std::string part = ranges.substr(start, comma - start);
+    const size_t dash = part.find('-');
+    try {
+      const long first = std::stol(part.substr(0, dash));
+      const long last = dash == std::string::npos ? first : std::stol(part.substr(dash + 1));
+      for (long i = first; i <= last && last - first <= kMaxReplicasPerType; ++i) {
+        out.push_back(prefix + "-" + std::to_string(i));
+      }
+    } catch (const std::exception&) {
+      return {key};  // not ours: keep it as written
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+}  // namespace
+
 TrainingJobStatus parse_status(const json& status) {
   TrainingJobStatus s;
   if (!status.is_object()) return s;
@@ -404,9 +433,10 @@ TrainingJobStatus parse_status(const json& status) {
   if (auto it = status.find("pods"); it != status.end() && it->is_object()) {
     for (const auto& [k, v] : it->items()) {
       if (!v.is_object()) continue;
-      s.pods[k] =
-          PodRecord{lenient<int64_t>(v, "restartAttempt", 0), lenient<bool>(v, "created", false),
-                    lenient<int32_t>(v, "containerRestarts", 0)};
+      const PodRecord record{lenient<int64_t>(v, "restartAttempt", 0),
+                             lenient<bool>(v, "created", false),
+                             lenient<int32_t>(v, "containerRestarts", 0)};
+      for (const std::string& name : expand_pod_key(k)) s.pods[name] = record;
     }
   }
   s.ready = lenient<std::string>(status, "ready", "");
@@ -442,11 +472,38 @@ json to_json(const TrainingJobStatus& s) {
   }
   out["replicaStatuses"] = std::move(rs);
   if (!s.pods.empty()) {
+    // Pods "<prefix>-<index>" with equal records share one key "<prefix>-[0-3,5]".
+    std::map<std::tuple<std::string, int64_t, bool, int32_t>, std::vector<int64_t>> groups;
     json pods = json::object();
+    auto record_json = [](const PodRecord& p) {
+      return json{{"restartAttempt", p.restart_attempt},
+                  {"created", p.created},
+                  {"containerRestarts", p.container_restarts}};
+    };
     for (const auto& [k, p] : s.pods) {
-      pods[k] = {{"restartAttempt", p.restart_attempt},
-                 {"created", p.created},
-                 {"containerRestarts", p.container_restarts}};
+      const size_t dash = k.rfind('-');
+      const bool indexed = dash != std::string::npos && dash + 1 < k.size() &&
+                           k.size() - dash < 10 &&
+                           k.find_first_not_of("0123456789", dash + 1) == std::string::npos;
+      if (!indexed) {
+        pods[k] = record_json(p);
+        continue;
+      }
+      groups[{k.substr(0, dash), p.restart_attempt, p.created, p.container_restarts}].push_back(
+          std::stoll(k.substr(dash + 1)));
+    }
+    for (auto& [g, indices] : groups) {
+      const auto& [prefix, attempt, created, restarts] = g;
+      std::sort(indices.begin(), indices.end());
+      std::string ranges;
+      for (size_t i = 0; i < indices.size();) {
+        size_t j = i;
+        while (j + 1 < indices.size() && indices[j + 1] == indices[j] + 1) ++j;
+        ranges += (ranges.empty() ? "" : ",") + std::to_string(indices[i]) +
+                  (j > i ? "-" + std::to_string(indices[j]) : "");
+        i = j + 1;
+      }
+      pods[prefix + "-[" + ranges + "]"] = record_json(PodRecord{attempt, created, restarts});
     }
     out["pods"] = std::move(pods);
   }

@@ -375,6 +375,31 @@ TEST(Status, RoundTripsThroughJson) {
   EXPECT_EQ(parse_status(j), s);
 }
 
+// A 1000-replica job once wrote one status entry per pod (hundreds of KB rewritten on every
+// status write); pods with equal records now share one index-range key.
+TEST(Status, PodRecordsOfALargeJobStayBounded) {
+  TrainingJobStatus s;
+  for (int i = 0; i < kMaxReplicasPerType; ++i) {
+    s.pods["big-worker-" + std::to_string(i)] = PodRecord{2, true, 0};
+  }
+  s.pods["big-chief-0"] = PodRecord{2, true, 0};
+  s.pods["big-worker-7"] = PodRecord{3, false, 0};  // one pod restarted on its own
+  s.pods["big-worker-8"] = PodRecord{2, true, 4};   // one pod's containers restarted
+  const json j = to_json(s);
+  EXPECT_EQ(j["pods"].size(), 4u) << j["pods"].dump();
+  EXPECT_TRUE(j["pods"].contains("big-worker-[0-6,9-999]")) << j["pods"].dump();
+  EXPECT_LT(j.dump().size(), 1024u);
+  EXPECT_EQ(parse_status(j), s);
+}
+
+TEST(Status, ReadsPodRecordsKeyedByPodName) {  // status written by earlier versions
+  const auto s = parse_status(json::parse(
+      R"({"pods": {"j-worker-0": {"restartAttempt": 1, "created": true, "containerRestarts": 0},
+                   "j-worker-[1-2]": {"restartAttempt": 1, "created": true}}})"));
+  ASSERT_EQ(s.pods.size(), 3u);
+  EXPECT_EQ(s.pods.at("j-worker-2"), (PodRecord{1, true, 0}));
+}
+
 TEST(Status, ParsesGarbageLeniently) {
   const TrainingJobStatus s = parse_status(json::parse(R"({"restartCount": "x", "phase": 3})"));
   EXPECT_EQ(s.restart_count, 0);

@@ -51,6 +51,7 @@ kube::json MemoryClient::list(const kube::Resource& r, std::string_view ns,
 }
 
 kube::json MemoryClient::create(const kube::Resource& r, std::string_view ns, const json& object) {
+  if (before_create) before_create(r, object);  // may throw, as the API server would answer
   std::lock_guard lock(mu_);
   count("create", r.plural);
   json o = object;

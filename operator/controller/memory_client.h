@@ -8,6 +8,7 @@
 // Thread-safety: every method takes one mutex.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -43,6 +44,8 @@ class MemoryClient : public kube::Client {
   void reset_counts();
 
   bool graceful_pod_deletion = false;
+  // Called before each create (outside the lock); throwing refuses it (injected API errors).
+  std::function<void(const kube::Resource&, const json&)> before_create;
   std::string now_text = "2026-11-21T13:00:00Z";  // deletionTimestamp for graceful deletes
 
  private:

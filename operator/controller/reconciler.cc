@@ -10,6 +10,7 @@
 #include "longhaul/controller/cleanup_policy.h"
 #include "longhaul/controller/failure_policy.h"
 #include "longhaul/controller/success_policy.h"
+#include "longhaul/kube/stop.h"
 
 namespace longhaul::controller {
 
@@ -120,6 +121,14 @@ void Expectations::observe(const std::string& key, const std::vector<json>& pods
   }
 }
 
+void Expectations::creation_failed(const std::string& key, const std::string& pod) {
+  std::lock_guard lock(mu_);
+  if (auto it = creations_.find(key); it != creations_.end()) {
+    it->second.erase(pod);
+    if (it->second.empty()) creations_.erase(it);
+  }
+}
+
 bool Expectations::deletion_pending(const std::string& key, const std::string& pod) const {
   std::lock_guard lock(mu_);
   auto it = deletions_.find(key);
@@ -196,9 +205,60 @@ struct Action {
   std::string name;
   std::string uid;
   json object;
-  std::string reason;   // event reason
-  std::string message;  // event message
+  std::string reason;  // event reason ("": no event)
+  // Pod actions: why, shared by every pod of one decision ("restart attempt 2"); the pass
+  // records one Event per (kind, reason, message) naming the pods. Others: the Event message.
+  std::string message;
+  ReplicaType type = ReplicaType::kWorker;  // pods: the replica the pod belongs to
 };
+
+// "a, b, c" or "a, b, c, d, e and 995 more"
+std::string name_list(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) out += " and " + std::to_string(names.size() - kShown) + " more";
+  return out;
+}
+
+// The TrainingJob field an object's field comes from: a pod's "spec.containers[0].name" is
+// "spec.replicaSpecs.Worker.template.spec.containers[0].name".
+std::string template_field(ReplicaType type, const std::string& pod_field) {
+  return "spec.replicaSpecs." + std::string(api::replica_type_name(type)) + ".template" +
+         (pod_field.empty() ? "" : "." + pod_field);
+}
+
+// An InvalidSpec message for a create the API server refused as invalid: the TrainingJob
+// field(s) first, the server's words, the object, and what to do.
+std::string refused_as_invalid(const Action& a, const std::string& ns, const kube::ApiError& e) {
+  std::string fields;
+  for (const json& cause : e.causes()) {
+    if (!cause.is_object()) continue;
+    const std::string field = cause.value("field", std::string());
+    const std::string what = cause.value("message", std::string());
+    std::string mapped;
+    if (a.kind == Action::Kind::kCreatePod) {
+      mapped = template_field(a.type, field);
+    } else if (a.kind == Action::Kind::kCreateClaim) {
+      mapped = "spec.logdir";
+    } else {
+      mapped = "spec.replicaSpecs";
+    }
+    fields += (fields.empty() ? "" : "; ") + mapped + ": " + what;
+  }
+  const std::string object = (a.kind == Action::Kind::kCreatePod     ? "pod "
+                              : a.kind == Action::Kind::kCreateClaim ? "logdir claim "
+                                                                     : "Service ") +
+                             ns + "/" + a.name;
+  if (fields.empty()) {
+    fields = (a.kind == Action::Kind::kCreatePod     ? template_field(a.type, "")
+              : a.kind == Action::Kind::kCreateClaim ? std::string("spec.logdir")
+                                                     : std::string("spec.replicaSpecs")) +
+             ": " + (e.status_message().empty() ? std::string(e.what()) : e.status_message());
+  }
+  return fields + " (the API server refused " + object + " with HTTP " +
+         std::to_string(e.http_status()) + "; fix the TrainingJob and create it again)";
+}
 
 struct Candidate {  // a finished or disrupted current pod
   std::string name;
@@ -261,9 +321,9 @@ struct Reconciler::Pass {
                          p.uid,
                          {},
                          std::string(api::reason::kForceDeletedPod),
-                         "pod " + ref(p.name) + " was stuck Terminating for more than " +
+                         "stuck Terminating for more than " +
                              std::to_string(policy.node_lost_timeout_seconds) +
-                             "s past its deletion deadline (node lost?): force-deleted"});
+                             "s past the deletion deadline (node lost?)"});
     } else {
       requeue_in(until(now, limit));
     }
@@ -271,12 +331,7 @@ struct Reconciler::Pass {
 
   void delete_pod(const ObservedPod& p, std::string_view reason, const std::string& why) {
     if (p.terminating || r.expectations_.deletion_pending(key, p.name)) return;
-    actions.push_back({Action::Kind::kDeletePod,
-                       p.name,
-                       p.uid,
-                       {},
-                       std::string(reason),
-                       "deleted pod " + ref(p.name) + ": " + why});
+    actions.push_back({Action::Kind::kDeletePod, p.name, p.uid, {}, std::string(reason), why});
   }
 };
 
@@ -307,6 +362,11 @@ Reconciler::~Reconciler() = default;
 ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& name) {
   Pass pass{*this, ns, name, ns + "/" + name, options_.now()};
   Pass& p = pass;
+  auto forget_job = [&] {
+    expectations_.forget(p.key);
+    std::lock_guard lock(create_mu_);
+    create_failures_.erase(p.key);
+  };
   auto report_phase = [&](const std::string& phase) {
     if (options_.on_phase) options_.on_phase(p.key, phase);
   };
@@ -316,13 +376,13 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
   try {
     p.job = view_->get_job(ns, name);
   } catch (const kube::NotFoundError&) {
-    expectations_.forget(p.key);
+    forget_job();
     report_phase("");
     return {};
   }
   const json& md = p.job.at("metadata");
   if (md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null()) {
-    expectations_.forget(p.key);
+    forget_job();
     report_phase("");
     return {};
   }
@@ -357,6 +417,16 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     occupied.insert(op.name);
     if (owned_by(op.object, job_uid, name)) owned.emplace(op.name, std::move(op));
   }
+
+  // A job whose last create was refused waits out its backoff before creating anything again.
+  std::optional<CreateFailure> create_failure;
+  {
+    std::lock_guard lock(create_mu_);
+    if (auto it = create_failures_.find(p.key); it != create_failures_.end()) {
+      create_failure = it->second;
+    }
+  }
+  const bool create_hold = create_failure && p.now < create_failure->retry_at;
 
   // Desired pods, in rank order (chief first).
   struct Desired {
@@ -456,20 +526,20 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
 
   if (!api::is_finished(st) && !policy.suspend) {
     // Step 7: the logdir claim (unless an existing one is named) and the headless Service.
-    if (spec.logdir.claim_name.empty() &&
-        !view_->exists(res::kPersistentVolumeClaims, ns, claim_name(name, spec))) {
+    // The claim is never waited on to be Bound: pods wait for it in the scheduler.
+    const bool claim_exists =
+        !spec.logdir.claim_name.empty() ||
+        view_->exists(res::kPersistentVolumeClaims, ns, claim_name(name, spec));
+    const bool service_exists = view_->exists(res::kServices, ns, service_name(name));
+    if (!claim_exists && !create_hold) {
       p.actions.push_back({Action::Kind::kCreateClaim, claim_name(name, spec), "",
                            build_claim(p.job, spec), std::string(api::reason::kCreatedClaim),
                            "created logdir claim " + ns + "/" + claim_name(name, spec)});
     }
-    if (!view_->exists(res::kServices, ns, service_name(name))) {
+    if (!service_exists && !create_hold) {
       p.actions.push_back({Action::Kind::kCreateService, service_name(name), "",
                            build_service(p.job, spec), std::string(api::reason::kCreatedService),
                            "created headless Service " + ns + "/" + service_name(name)});
-    }
-    if (!api::condition_true(st, api::condition::kCreated)) {
-      api::set_condition(st, api::condition::kCreated, "True", api::reason::kJobCreated,
-                         "TrainingJob " + p.key + " created its claim, Service and pods", p.now);
     }
 
     // Step 8: classify each current pod; older incarnations and pods no longer wanted go.
@@ -694,16 +764,42 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
           p.requeue_in(until(p.now, *not_before));
           continue;
         }
+        if (create_hold) {
+          p.requeue_in(until(p.now, create_failure->retry_at));
+          continue;
+        }
         p.actions.push_back({Action::Kind::kCreatePod, d.pod, "",
                              build_pod(p.job, spec, d.type, d.index, rec.restart_attempt),
                              std::string(api::reason::kCreatedPod),
-                             "created pod " + p.ref(d.pod) + " (restart attempt " +
-                                 std::to_string(rec.restart_attempt) + ")"});
+                             "restart attempt " + std::to_string(rec.restart_attempt), d.type});
+      }
+
+      // Created: True once the claim, the Service and every pod of the current incarnation
+      // exist; False with the API server's words while creates are refused.
+      bool all_created = claim_exists && service_exists;
+      for (const Desired& d : desired) {
+        auto it = owned.find(d.pod);
+        all_created &= st.pods[d.pod].created ||
+                       (it != owned.end() && it->second.attempt >= st.pods[d.pod].restart_attempt);
+      }
+      if (create_failure) {
+        api::set_condition(st, api::condition::kCreated, "False", api::reason::kFailedCreate,
+                           create_failure->message, p.now);
+      } else if (all_created && !api::condition_true(st, api::condition::kCreated)) {
+        api::set_condition(
+            st, api::condition::kCreated, "True", api::reason::kJobCreated,
+            "created its claim, Service and " + std::to_string(desired.size()) + " pod(s)", p.now);
+      }
+      if (create_failure && all_created) {
+        std::lock_guard lock(create_mu_);
+        create_failures_.erase(p.key);  // what was refused exists now (created by a retry)
       }
     }
   }
 
-  // Replica counts of the current incarnation (frozen once finished), and the printer columns.
+  // Replica counts of the current incarnation and the printer columns. A finished job has no
+  // active or ready replicas (READY 0/N); its succeeded/failed counts stay as they were when
+  // it finished.
   if (!api::is_finished(p.old_status) && invalid.empty()) {
     std::map<std::string, api::ReplicaStatus> counts;
     int ready = 0;
@@ -731,65 +827,153 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     st.replica_statuses = std::move(counts);
     st.ready = std::to_string(ready) + "/" + std::to_string(desired.size());
   }
+  if (api::is_finished(st) && invalid.empty()) {
+    for (auto& [_, c] : st.replica_statuses) c.active = c.ready = 0;
+    st.ready = "0/" + std::to_string(desired.size());
+  }
   st.failure_budget = std::to_string(st.failure_count) + "/" + std::to_string(policy.backoff_limit);
 
   // Step 12: one status write, only when something changed; it commits every decision above
   // before any pod is touched.
-  const json new_status = api::to_json(st);
-  if (new_status != api::to_json(p.old_status)) {
+  auto write_status = [&] {
+    const json new_status = api::to_json(st);
+    if (new_status == api::to_json(p.old_status)) return;
+    kube::throw_if_stop_requested("update status of TrainingJob " + p.key);
     json updated = p.job;
     updated["status"] = new_status;
     p.job = client_.update_status(res::kTrainingJobs, ns, updated);
-  }
+    p.old_status = st;
+  };
+  auto flush_events = [&] {
+    for (const auto& e : p.events) {
+      LH_LOG(INFO) << e.message << kv("job", p.key) << kv("reason", e.reason)
+                   << kv("phase", st.phase);
+      if (!kube::stop_requested()) events_->record(p.job, e.type, e.reason, e.message);
+    }
+    p.events.clear();
+  };
+  write_status();
   report_phase(st.phase);
-  for (const auto& e : p.events) {
-    LH_LOG(INFO) << e.message << kv("job", p.key) << kv("reason", e.reason)
-                 << kv("phase", st.phase);
-    events_->record(p.job, e.type, e.reason, e.message);
-  }
+  flush_events();
 
-  // Step 13: act on the children the committed status asks for.
+  // Step 13: act on the children the committed status asks for. The first refused create
+  // stops this pass's creates (see reconciler.h); deletes go on.
+  struct Group {
+    std::string type;
+    std::vector<std::string> pods;
+  };
+  std::map<std::tuple<Action::Kind, std::string, std::string>, Group> done;  // (kind, reason, why)
+  std::optional<std::string> refused_transient, refused_invalid;
+  bool created_any = false;
   for (const Action& a : p.actions) {
-    switch (a.kind) {
-      case Action::Kind::kCreatePod:
-        expectations_.expect_creation(p.key, a.name);
-        try {
-          client_.create(res::kPods, ns, a.object);
+    const bool is_create = a.kind == Action::Kind::kCreatePod ||
+                           a.kind == Action::Kind::kCreateService ||
+                           a.kind == Action::Kind::kCreateClaim;
+    if (is_create && (refused_transient || refused_invalid)) continue;
+    kube::throw_if_stop_requested("TrainingJob " + p.key);
+    if (is_create) {
+      const kube::Resource& r = a.kind == Action::Kind::kCreatePod ? res::kPods
+                                : a.kind == Action::Kind::kCreateService
+                                    ? res::kServices
+                                    : res::kPersistentVolumeClaims;
+      const std::string what = (a.kind == Action::Kind::kCreatePod       ? "pod "
+                                : a.kind == Action::Kind::kCreateService ? "Service "
+                                                                         : "logdir claim ") +
+                               ns + "/" + a.name;
+      if (a.kind == Action::Kind::kCreatePod) expectations_.expect_creation(p.key, a.name);
+      try {
+        client_.create(r, ns, a.object);
+        created_any = true;
+        if (a.kind == Action::Kind::kCreatePod) {
+          done[{a.kind, a.reason, a.message}].pods.push_back(a.name);
+        } else if (!kube::stop_requested()) {
           events_->record(p.job, "Normal", a.reason, a.message);
-        } catch (const kube::AlreadyExistsError&) {
-          // Exists already (a previous pass or another operator made it): nothing to do.
         }
-        break;
-      case Action::Kind::kCreateService:
-      case Action::Kind::kCreateClaim:
-        try {
-          client_.create(a.kind == Action::Kind::kCreateService ? res::kServices
-                                                                : res::kPersistentVolumeClaims,
-                         ns, a.object);
-          events_->record(p.job, "Normal", a.reason, a.message);
-        } catch (const kube::AlreadyExistsError&) {
-        }
-        break;
-      case Action::Kind::kDeletePod:
-      case Action::Kind::kForceDeletePod: {
-        kube::DeleteOptions opts;
-        if (!a.uid.empty()) opts.precondition_uid = a.uid;
-        if (a.kind == Action::Kind::kForceDeletePod) opts.grace_period_seconds = 0;
-        expectations_.expect_deletion(p.key, a.name, a.uid);
-        try {
-          client_.remove(res::kPods, ns, a.name, opts);
-          if (!a.reason.empty()) {
-            events_->record(p.job, a.kind == Action::Kind::kForceDeletePod ? "Warning" : "Normal",
-                            a.reason, a.message);
-          }
-        } catch (const kube::NotFoundError&) {
-        } catch (const kube::ConflictError&) {
-          // The uid precondition failed: a newer pod holds the name; leave it.
-        }
-        break;
+      } catch (const kube::AlreadyExistsError&) {
+        // Exists already (a previous pass or another operator made it): nothing to do.
+      } catch (const kube::InvalidError& e) {
+        if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
+        refused_invalid = refused_as_invalid(a, ns, e);
+        LH_LOG(WARNING) << "the API server refused a create as invalid" << kv("job", p.key)
+                        << kv("object", what) << kv("error", e.what());
+        p.event("Warning", api::reason::kFailedCreate,
+                "could not create " + what + ": " +
+                    (e.status_message().empty() ? std::string(e.what()) : e.status_message()));
+      } catch (const Cancelled&) {
+        if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
+        throw;
+      } catch (const Error& e) {
+        // kube::ApiError (403 quota, namespace terminating, webhook, ...) or Unavailable.
+        if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
+        const auto* api_error = dynamic_cast<const kube::ApiError*>(&e);
+        const std::string server = api_error && !api_error->status_message().empty()
+                                       ? api_error->status_message() + " (HTTP " +
+                                             std::to_string(api_error->http_status()) + " " +
+                                             api_error->reason() + ")"
+                                       : std::string(e.what());
+        refused_transient = "could not create " + what + ": " + server + "; retrying with backoff";
+        LH_LOG(WARNING) << "a create was refused; retrying with backoff" << kv("job", p.key)
+                        << kv("object", what) << kv("error", e.what());
+        p.event("Warning", api::reason::kFailedCreate, *refused_transient);
       }
+      continue;
+    }
+    // Deletes.
+    kube::DeleteOptions opts;
+    if (!a.uid.empty()) opts.precondition_uid = a.uid;
+    if (a.kind == Action::Kind::kForceDeletePod) opts.grace_period_seconds = 0;
+    expectations_.expect_deletion(p.key, a.name, a.uid);
+    try {
+      client_.remove(res::kPods, ns, a.name, opts);
+      if (!a.reason.empty()) done[{a.kind, a.reason, a.message}].pods.push_back(a.name);
+    } catch (const kube::NotFoundError&) {
+    } catch (const kube::ConflictError&) {
+      // The uid precondition failed: a newer pod holds the name; leave it.
     }
   }
+  // One Event per decision and kind of action, naming the pods.
+  for (const auto& [k, group] : done) {
+    const auto& [kind, reason, why] = k;
+    const char* verb = kind == Action::Kind::kCreatePod   ? "created"
+                       : kind == Action::Kind::kDeletePod ? "deleted"
+                                                          : "force-deleted";
+    p.event(kind == Action::Kind::kForceDeletePod ? "Warning" : "Normal", reason,
+            std::string(verb) + (group.pods.size() == 1 ? " pod " : " pods ") +
+                name_list(group.pods) + " (" + why + ")");
+  }
+
+  // Refused creates: back off and say so, or fail the job when the spec is at fault.
+  if (refused_invalid) {
+    {
+      std::lock_guard lock(create_mu_);
+      create_failures_.erase(p.key);
+    }
+    p.finish(api::phase::kFailed, api::reason::kInvalidSpec, *refused_invalid);
+    for (auto& [_, c] : st.replica_statuses) c.active = c.ready = 0;
+    st.ready = "0/" + std::to_string(desired.size());
+    p.requeue_in(milliseconds(1));  // clean up what was created, by cleanPodPolicy
+  } else if (refused_transient) {
+    CreateFailure f;
+    {
+      std::lock_guard lock(create_mu_);
+      CreateFailure& entry = create_failures_[p.key];
+      entry.count += 1;
+      const int shift = std::min(entry.count - 1, 20);
+      const milliseconds delay =
+          std::min(options_.create_retry_max, options_.create_retry_base * (int64_t{1} << shift));
+      entry.retry_at = p.now + delay;
+      entry.message = *refused_transient;
+      f = entry;
+    }
+    p.requeue_in(until(p.now, f.retry_at));
+    api::set_condition(st, api::condition::kCreated, "False", api::reason::kFailedCreate, f.message,
+                       p.now);
+  } else if (created_any) {
+    std::lock_guard lock(create_mu_);
+    create_failures_.erase(p.key);
+  }
+  write_status();
+  flush_events();
 
   // TTL: the job itself goes last, after its status recorded why.
   if (invalid.empty() && api::is_finished(st)) {
@@ -797,11 +981,12 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         left && *left <= std::chrono::system_clock::duration::zero()) {
       kube::DeleteOptions opts;
       opts.propagation_policy = "Background";
+      kube::throw_if_stop_requested("delete TrainingJob " + p.key);
       try {
         client_.remove(res::kTrainingJobs, ns, name, opts);
       } catch (const kube::NotFoundError&) {
       }
-      expectations_.forget(p.key);
+      forget_job();
       report_phase("");
       return {};
     }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/controller/children.h"
+#include "longhaul/kube/stop.h"
 #include "memory_client.h"
 
 namespace longhaul::controller {
@@ -75,6 +76,7 @@ class ReconcilerTest : public ::testing::Test {
     return api::parse_status(client.get(res::kTrainingJobs, "ns", "j").value("status", json{}));
   }
   json pod(const std::string& name) { return client.get(res::kPods, "ns", name); }
+  json status_json() { return client.get(res::kTrainingJobs, "ns", "j")["status"]; }
   std::vector<std::string> pod_names() {
     std::vector<std::string> names;
     for (const json& p : client.all(res::kPods, "ns")) names.push_back(p["metadata"]["name"]);
@@ -478,6 +480,173 @@ TEST_F(ReconcilerTest, CreatingAnExistingPodIsTreatedAsExisting) {
   other->reconcile("ns", "j");
   other->reconcile("ns", "j");
   EXPECT_EQ(pod_names().size(), 3u);
+}
+
+// After success, READY showed the last incarnation ("1/2" with the chief done): a finished job
+// has no ready replicas, and keeps its succeeded counts.
+TEST_F(ReconcilerTest, SucceededJobShowsNoReadyReplicas) {
+  create_job(default_spec());
+  start_running();
+  EXPECT_EQ(status().ready, "3/3");
+  set_phase("j-chief-0", "Succeeded");
+  settle();
+  const auto s = status();
+  ASSERT_EQ(s.phase, "Succeeded");
+  EXPECT_EQ(s.ready, "0/3");
+  EXPECT_EQ(s.replica_statuses.at("Chief").succeeded, 1);
+  EXPECT_EQ(s.replica_statuses.at("Worker").active, 0);
+  EXPECT_EQ(s.replica_statuses.at("Worker").ready, 0);
+}
+
+kube::ApiError quota_error() {
+  kube::ApiError e(Code::kPermissionDenied, 403, "Forbidden",
+                   "create Pod ns/j-worker-0: pods \"j-worker-0\" is forbidden: exceeded quota: q, "
+                   "requested: pods=1, used: pods=1, limited: pods=1 (HTTP 403 Forbidden)");
+  e.set_status(
+      "pods \"j-worker-0\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, "
+      "limited: pods=1",
+      json::array());
+  return e;
+}
+
+// A ResourceQuota 403 once left the job Pending forever with Created=True, no Warning Event and
+// no retry: now the job says why, and retries by itself with backoff until the quota allows.
+TEST_F(ReconcilerTest, QuotaRefusedCreateIsRetriedWithBackoffAndReported) {
+  bool quota_full = true;
+  client.before_create = [&](const kube::Resource& r, const json& o) {
+    if (quota_full && r.plural == "pods" && o["metadata"]["name"] == "j-worker-0") {
+      throw quota_error();
+    }
+  };
+  create_job(default_spec());
+  const ReconcileResult first = reconcile();
+  ASSERT_TRUE(first.requeue_after);  // the job requeues itself: no other event is needed
+  EXPECT_EQ(*first.requeue_after, std::chrono::milliseconds(1000));
+  auto s = status();
+  const api::Condition* created = api::find_condition(s, api::condition::kCreated);
+  ASSERT_NE(created, nullptr);
+  EXPECT_EQ(created->status, "False");
+  EXPECT_EQ(created->reason, api::reason::kFailedCreate);
+  EXPECT_NE(created->message.find("exceeded quota"), std::string::npos) << created->message;
+  EXPECT_EQ(created->message.find("RBAC"), std::string::npos) << created->message;
+  EXPECT_TRUE(events.saw(api::reason::kFailedCreate));
+  EXPECT_EQ(pod_names(), (std::vector<std::string>{"j-chief-0"}));  // creates stop at a refusal
+
+  // Within the backoff nothing is tried again; after it the create is retried, and refused
+  // again with a longer backoff and no status write (nothing new to say).
+  int tries = 0;
+  client.before_create = [&](const kube::Resource& r, const json& o) {
+    if (r.plural == "pods") ++tries;
+    if (quota_full && r.plural == "pods" && o["metadata"]["name"] == "j-worker-0") {
+      throw quota_error();
+    }
+  };
+  settle();  // records the chief as created
+  EXPECT_EQ(tries, 0);
+  client.reset_counts();
+  now += std::chrono::seconds(1);
+  EXPECT_EQ(*reconcile().requeue_after, std::chrono::milliseconds(2000));
+  EXPECT_EQ(tries, 1);
+  EXPECT_EQ(client.writes_of("update_status", "trainingjobs"), 0) << status_json().dump();
+
+  // The quota is raised: the next retry creates the rest and Created turns True.
+  quota_full = false;
+  now += std::chrono::seconds(2);
+  settle();
+  EXPECT_EQ(pod_names(), (std::vector<std::string>{"j-chief-0", "j-worker-0", "j-worker-1"}));
+  s = status();
+  EXPECT_TRUE(api::condition_true(s, api::condition::kCreated));
+  EXPECT_EQ(s.phase, "Pending");
+}
+
+// A pod the API server refuses as invalid (422) fails the job with InvalidSpec naming the
+// TrainingJob field, instead of leaving it Pending.
+TEST_F(ReconcilerTest, PodRefusedAsInvalidFailsTheJobNamingTheField) {
+  client.before_create = [&](const kube::Resource& r, const json& o) {
+    if (r.plural != "pods" || o["metadata"]["name"] != "j-worker-0") return;
+    kube::InvalidError e(422, "create Pod ns/j-worker-0: Pod \"j-worker-0\" is invalid");
+    e.set_status(
+        "Pod \"j-worker-0\" is invalid: spec.containers[0].securityContext.runAsUser: "
+        "Invalid value: -1: must be between 0 and 2147483647, inclusive",
+        json::parse(R"([{"reason": "FieldValueInvalid",
+                   "message": "Invalid value: -1: must be between 0 and 2147483647, inclusive",
+                   "field": "spec.containers[0].securityContext.runAsUser"}])"));
+    throw e;
+  };
+  create_job(default_spec());
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  const api::Condition* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, api::reason::kInvalidSpec);
+  EXPECT_EQ(failed->message.rfind("spec.replicaSpecs.Worker.template.spec.containers[0]."
+                                  "securityContext.runAsUser: Invalid value: -1",
+                                  0),
+            0u)
+      << failed->message;
+  EXPECT_TRUE(events.saw(api::reason::kFailedCreate));
+  // The chief created before the refusal is cleaned up (cleanPodPolicy Running).
+  EXPECT_TRUE(pod_names().empty());
+}
+
+// What the API server would refuse is caught before anything is created.
+TEST_F(ReconcilerTest, InvalidContainerNameFailsBeforeAnyPodIsCreated) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "Trainer_1";
+  create_job(spec);
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  EXPECT_EQ(api::find_condition(s, api::condition::kFailed)
+                ->message.rfind(
+                    "spec.replicaSpecs.Worker.template.spec.containers[0].name: invalid container "
+                    "name \"Trainer_1\"",
+                    0),
+            0u);
+  EXPECT_EQ(client.writes_of("create", "pods"), 0);
+}
+
+// A 1000-replica job once got one Event per pod: now one per decision, naming a few pods.
+TEST_F(ReconcilerTest, LargeJobGetsOneEventPerDecisionNotPerPod) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["replicas"] = 1000;
+  create_job(spec);
+  reconcile();
+  EXPECT_EQ(pod_names().size(), 1001u);
+  EXPECT_EQ(std::count(events.reasons.begin(), events.reasons.end(), "CreatedPod"), 1);
+  bool named = false;
+  for (const std::string& m : events.messages) {
+    named |= m.find(
+                 "created pods j-chief-0, j-worker-0, j-worker-1, j-worker-2, j-worker-3 and "
+                 "996 more (restart attempt 0)") != std::string::npos;
+  }
+  EXPECT_TRUE(named);
+  settle();
+  run_all();
+  settle();
+  const json job = client.get(res::kTrainingJobs, "ns", "j");
+  EXPECT_LT(job["status"].dump().size(), 4096u) << job["status"].dump().substr(0, 500);
+}
+
+// A deposed leader kept creating pods after it lost the Lease: once the stop is requested
+// no further write is made, even in the middle of a pass.
+TEST_F(ReconcilerTest, StopRequestedMidPassMakesNoFurtherWrites) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["replicas"] = 150;
+  create_job(spec);
+  std::stop_source stop;
+  int creates = 0;
+  client.before_create = [&](const kube::Resource& r, const json&) {
+    if (r.plural == "pods" && ++creates == 40) stop.request_stop();  // the Lease is lost
+  };
+  kube::ScopedStopToken scope(stop.get_token());
+  client.reset_counts();
+  EXPECT_THROW(reconcile(), Cancelled);
+  EXPECT_EQ(client.writes_of("create", "pods"), 40);  // the one in flight completed, no more
+  const int writes = client.writes();
+  EXPECT_THROW(reconcile(), Cancelled);
+  EXPECT_EQ(client.writes(), writes);
 }
 
 }  // namespace

@@ -153,6 +153,8 @@ inline constexpr std::string_view kDeadlineExceeded = "DeadlineExceeded";
 inline constexpr std::string_view kInvalidSpec = "InvalidSpec";
 inline constexpr std::string_view kSuspended = "JobSuspended";
 inline constexpr std::string_view kResumed = "JobResumed";
+// Created=False: the API server refused a create (quota, admission, unavailable); retried.
+inline constexpr std::string_view kFailedCreate = "FailedCreate";
 // Event-only reasons.
 inline constexpr std::string_view kCreatedPod = "CreatedPod";
 inline constexpr std::string_view kDeletedPod = "DeletedPod";
@@ -192,6 +194,8 @@ struct TrainingJobStatus {
   std::string phase;
   std::vector<Condition> conditions;
   std::map<std::string, ReplicaStatus> replica_statuses;  // keyed "Chief", "Worker", ...
+  // Keyed by pod name. Serialised compactly: pods "<job>-<type>-<i>" with equal records share
+  // one key "<job>-<type>-[0-999]", so a converged job of 4x1000 replicas writes four entries.
   std::map<std::string, PodRecord> pods;
   std::string ready;  // "3/4", for the printer column
   int32_t restart_count = 0;

@@ -7,7 +7,22 @@
 // disrupted pods (failure_policy.h) -> decide success (success_policy.h), failure or restart ->
 // compute status -> write status once, only if it changed -> act on pods (delete stale
 // incarnations, force-delete pods stuck Terminating on a lost node, create missing pods) ->
-// requeue after the nearest timer (backoff, deadline, TTL, force-delete).
+// requeue after the nearest timer (backoff, deadline, TTL, force-delete, create retry).
+//
+// Refused creates: the first refused create of a pass stops that pass's creates. A 400/422
+// (the API server found the object invalid) fails the job with InvalidSpec, naming the
+// TrainingJob field the server's field path comes from. Any other refusal (a ResourceQuota 403,
+// a namespace being deleted, an admission webhook, the API server unavailable) is retried with
+// backoff by requeueing the job itself, and reported truthfully: condition Created=False with
+// reason FailedCreate and the server's message, and a Warning Event FailedCreate. Both are
+// written in a second status write of that pass (an error path only).
+//
+// Events: one per decision and kind of action per pass ("created pods j-worker-0 ... and 995
+// more"), never one per pod; the EventRecorder counts repeats of the same Event.
+//
+// Stopping: before every write (status, pods, Service, claim, Events, the job's TTL delete)
+// the pass checks the stop token bound to its thread (kube/stop.h) and throws Cancelled once a
+// stop was requested: a deposed leader stops writing mid-pass.
 //
 // Durable state lives only in the cluster: the job's status (restartAttempt, per-pod
 // incarnation records, counters, nextRestartTime) and each pod's restart-attempt annotation.
@@ -114,6 +129,8 @@ class Expectations {
   // Drops what the observed pods satisfy: deletions whose uid is gone or terminating, creations
   // whose name is present. Expired entries (ttl) are dropped too.
   void observe(const std::string& job_key, const std::vector<json>& pods);
+  // A create that failed: nothing is expected under that name any more.
+  void creation_failed(const std::string& job_key, const std::string& pod);
   bool deletion_pending(const std::string& job_key, const std::string& pod) const;
   bool creation_pending(const std::string& job_key, const std::string& pod) const;
   void forget(const std::string& job_key);
@@ -141,6 +158,10 @@ struct ReconcilerOptions {
   std::function<void(std::string_view reason)> on_restart;
   // Called after each reconcile with the job's phase ("" when the job is gone).
   std::function<void(const std::string& key, const std::string& phase)> on_phase;
+  // Backoff after a refused create (quota, admission, API server unavailable): the n-th
+  // consecutive failure of a job waits min(max, base * 2^(n-1)) before the next try.
+  std::chrono::milliseconds create_retry_base{1000};
+  std::chrono::milliseconds create_retry_max{60000};
 };
 
 class Reconciler {
@@ -165,6 +186,15 @@ class Reconciler {
   ReconcilerOptions options_;
   Expectations expectations_;
   std::mutex rng_mu_;
+  // A job's creates that the API server refused, until one succeeds. In memory: after an
+  // operator restart the first try comes at once.
+  struct CreateFailure {
+    int count = 0;
+    api::Time retry_at;
+    std::string message;  // for the Created condition
+  };
+  std::mutex create_mu_;
+  std::map<std::string, CreateFailure> create_failures_;  // guarded by create_mu_
 };
 
 }  // namespace longhaul::controller
