@@ -24,6 +24,7 @@ const Resource kServices{"", "v1", "services", true, "Service"};
 const Resource kPersistentVolumeClaims{"", "v1", "persistentvolumeclaims", true,
                                        "PersistentVolumeClaim"};
 const Resource kEvents{"", "v1", "events", true, "Event"};
+const Resource kNodes{"", "v1", "nodes", false, "Node"};
 const Resource kLeases{"coordination.k8s.io", "v1", "leases", true, "Lease"};
 const Resource kTrainingJobs{"longhaul.dev", "v1alpha1", "trainingjobs", true, "TrainingJob"};
 }  // namespace resources

@@ -81,26 +81,7 @@ bool is_progress(const std::string& line) {
 }
 
 void control(e2e::LocalCluster& cluster, const std::string& line) {
-  std::istringstream in(line);
-  std::string verb, arg, extra;
-  in >> verb >> arg >> extra;
-  if (verb.empty() || verb[0] == '#') return;
-  if (verb == "preempt") {
-    const size_t slash = arg.find('/');
-    const std::string ns = slash == std::string::npos ? "default" : arg.substr(0, slash);
-    const std::string name = slash == std::string::npos ? arg : arg.substr(slash + 1);
-    cluster.kubelet().preempt(ns, name, extra.empty() ? "PreemptionByScheduler" : extra);
-  } else if (verb == "lose-node") {
-    kubelet::LoseNodeOptions o;
-    if (!extra.empty()) o.evict_after = std::chrono::milliseconds(std::stoll(extra) * 1000);
-    cluster.kubelet().lose_node(arg, o);
-  } else if (verb == "add-node") {
-    cluster.kubelet().add_node(arg);
-  } else {
-    throw InvalidArgument("unknown control command '" + verb +
-                          "' (preempt [NS/]POD [REASON] | lose-node NODE [EVICT_SECONDS] | "
-                          "add-node NODE)");
-  }
+  if (kubelet::run_control_command(cluster.kubelet(), line).empty()) return;
   print(timestamp() + " [control] " + line);
 }
 

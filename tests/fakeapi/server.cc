@@ -418,6 +418,8 @@ void FakeApiServer::Impl::handle(const http::Request& request, http::Connection&
                                       "us to try again later (injected fault)"
                                     : "injected fault: the fake API server failed this request "
                                       "on purpose (FaultRule)";
+          if (!fault->reason.empty()) reason = fault->reason;
+          if (!fault->message.empty()) message = fault->message;
           send_error(connection, StatusError(fault->status, reason, message, details), record,
                      extra);
           return;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 
 #include <fcntl.h>
 #include <sys/syscall.h>
@@ -15,6 +16,7 @@
 
 #include <longhaul/base/error.h>
 #include <longhaul/base/log.h>
+#include <longhaul/kube/leader_election.h>
 
 namespace longhaul::kubelet {
 
@@ -212,13 +214,19 @@ void LocalKubelet::run() {
     dirty_ = false;
     lock.unlock();
     try {
+      heartbeat_nodes();
+    } catch (const std::exception& e) {
+      LH_LOG(WARNING) << "local kubelet: node heartbeat failed; retrying" << kv("error", e.what());
+    }
+    try {
       sync_once();
     } catch (const std::exception& e) {
       LH_LOG(WARNING) << "local kubelet: sync failed; retrying" << kv("error", e.what());
     }
     lock.lock();
-    // Nearest deadline: SIGKILL, restart back-off, eviction; else the resync period.
+    // Nearest deadline: SIGKILL, restart back-off, eviction, heartbeat; else the resync period.
     Clock::time_point wake = Clock::now() + options_.resync;
+    if (options_.register_nodes) wake = std::min(wake, next_heartbeat_);
     for (const auto& [uid, s] : pods_) {
       if (s->term_sent && !s->kill_sent && s->alive()) wake = std::min(wake, s->kill_at);
       if (!s->terminal && !s->alive() && s->restart_at != Clock::time_point{}) {
@@ -228,6 +236,76 @@ void LocalKubelet::run() {
     for (const auto& [node, e] : evictions_) wake = std::min(wake, e.when);
     cv_.wait_until(lock, wake, [this] { return stopping_ || dirty_; });
   }
+}
+
+void LocalKubelet::register_node(const std::string& node) {
+  namespace res = kube::resources;
+  json created;
+  try {
+    created = client_->create(res::kNodes, "",
+                              {{"apiVersion", "v1"},
+                               {"kind", "Node"},
+                               {"metadata",
+                                {{"name", node},
+                                 {"labels",
+                                  {{"kubernetes.io/hostname", node},
+                                   {"kubernetes.io/os", "linux"},
+                                   {"longhaul.dev/local-kubelet", "true"}}}}}});
+  } catch (const kube::AlreadyExistsError&) {
+    created = client_->get(res::kNodes, "", node);  // registered before (a restarted kubelet)
+  }
+  registered_nodes_[node] = created["metadata"].value("uid", std::string());
+  LH_LOG(INFO) << "local kubelet: node registered" << kv("node", node);
+}
+
+void LocalKubelet::heartbeat_nodes() {
+  namespace res = kube::resources;
+  if (!options_.register_nodes || Clock::now() < next_heartbeat_) return;
+  const std::vector<std::string> nodes = live_nodes();
+  const bool report_status = heartbeats_ % std::max(1, options_.node_status_every) == 0;
+  const std::string now = now_rfc3339();
+  const std::string micro = kube::format_micro_time(std::chrono::system_clock::now());
+  for (const std::string& node : nodes) {
+    const bool fresh = !registered_nodes_.contains(node);
+    if (fresh) register_node(node);
+    if (fresh || report_status) {
+      const json ready = {
+          {"type", "Ready"},          {"status", "True"},
+          {"reason", "KubeletReady"}, {"message", "longhaul local kubelet is posting ready status"},
+          {"lastHeartbeatTime", now}, {"lastTransitionTime", now}};
+      json status = {{"conditions", {ready}},
+                     {"addresses",
+                      {{{"type", "InternalIP"}, {"address", "127.0.0.1"}},
+                       {{"type", "Hostname"}, {"address", node}}}},
+                     {"capacity", {{"cpu", "64"}, {"memory", "256Gi"}, {"pods", "110"}}},
+                     {"allocatable", {{"cpu", "64"}, {"memory", "256Gi"}, {"pods", "110"}}},
+                     {"nodeInfo",
+                      {{"kubeletVersion", "v1.26.4-longhaul-local"},
+                       {"operatingSystem", "linux"},
+                       {"architecture", "amd64"}}}};
+      if (!fresh) status["conditions"][0].erase("lastTransitionTime");  // kept as it was
+      client_->patch(res::kNodes, "", node, {{"status", status}}, kube::PatchType::kStrategicMerge,
+                     true);
+    }
+    // The Lease is the heartbeat the node lifecycle controller reads.
+    try {
+      client_->patch(res::kLeases, "kube-node-lease", node,
+                     {{"spec", {{"holderIdentity", node}, {"renewTime", micro}}}},
+                     kube::PatchType::kMerge);
+    } catch (const kube::NotFoundError&) {
+      json owner = {
+          {"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}, {"uid", registered_nodes_[node]}};
+      json lease = {
+          {"apiVersion", "coordination.k8s.io/v1"},
+          {"kind", "Lease"},
+          {"metadata", {{"name", node}, {"namespace", "kube-node-lease"}}},
+          {"spec", {{"holderIdentity", node}, {"leaseDurationSeconds", 40}, {"renewTime", micro}}}};
+      if (!registered_nodes_[node].empty()) lease["metadata"]["ownerReferences"] = {owner};
+      client_->create(res::kLeases, "kube-node-lease", lease);
+    }
+  }
+  ++heartbeats_;
+  next_heartbeat_ = Clock::now() + options_.node_heartbeat;
 }
 
 void LocalKubelet::sync_once() {
@@ -870,6 +948,62 @@ bool LocalKubelet::wait_for(const std::function<bool()>& predicate, milliseconds
       return predicate();
     }
   }
+}
+
+std::pair<std::string, std::string> LocalKubelet::resolve_pod(
+    const std::string& ns_slash_pod) const {
+  if (const size_t slash = ns_slash_pod.find('/'); slash != std::string::npos) {
+    return {ns_slash_pod.substr(0, slash), ns_slash_pod.substr(slash + 1)};
+  }
+  std::set<std::string> namespaces;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [uid, s] : pods_) {
+      if (s->name == ns_slash_pod) namespaces.insert(s->ns);
+    }
+  }
+  if (namespaces.empty()) {
+    throw NotFound("local kubelet: no pod named " + ns_slash_pod +
+                   " runs here; write NAMESPACE/POD");
+  }
+  if (namespaces.size() > 1) {
+    std::string list;
+    for (const std::string& ns : namespaces) list += (list.empty() ? "" : ", ") + ns;
+    throw InvalidArgument("local kubelet: a pod named " + ns_slash_pod +
+                          " runs in several namespaces (" + list + "); write NAMESPACE/POD");
+  }
+  return {*namespaces.begin(), ns_slash_pod};
+}
+
+std::string run_control_command(LocalKubelet& k, const std::string& line) {
+  std::istringstream in(line);
+  std::string verb, arg, extra;
+  in >> verb >> arg >> extra;
+  if (verb.empty() || verb[0] == '#') return "";
+  if (verb == "preempt" && !arg.empty()) {
+    const auto [ns, name] = k.resolve_pod(arg);
+    k.preempt(ns, name, extra.empty() ? "PreemptionByScheduler" : extra);
+    return "preempting " + ns + "/" + name;
+  }
+  if (verb == "lose-node" && !arg.empty()) {
+    LoseNodeOptions o;
+    if (!extra.empty()) {
+      try {
+        o.evict_after = std::chrono::milliseconds(std::stoll(extra) * 1000);
+      } catch (const std::exception&) {
+        throw InvalidArgument("control line '" + line + "': EVICT_SECONDS must be a number");
+      }
+    }
+    k.lose_node(arg, o);
+    return "lost node " + arg;
+  }
+  if (verb == "add-node" && !arg.empty()) {
+    k.add_node(arg);
+    return "added node " + arg;
+  }
+  throw InvalidArgument("control line '" + line +
+                        "': expected preempt NS/POD [REASON] | lose-node NODE [EVICT_SECONDS] | "
+                        "add-node NODE");
 }
 
 }  // namespace longhaul::kubelet

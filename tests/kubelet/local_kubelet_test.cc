@@ -56,6 +56,7 @@ class LocalKubeletTest : public ::testing::Test {
     o.crash_backoff_initial = 20ms;
     o.crash_backoff_max = 100ms;
     o.stop_grace = 2s;
+    o.node_heartbeat = 200ms;
     kubelet = std::make_unique<LocalKubelet>(client, o);
     kubelet->start();
   }
@@ -329,6 +330,63 @@ TEST_F(LocalKubeletTest, StopKillsEveryProcess) {
   EXPECT_NE(::kill(pa, 0), 0);
   EXPECT_NE(::kill(pb, 0), 0);
   EXPECT_FALSE(kubelet->pod("default", "a")->running);
+}
+
+// On a real API server a kubelet without Node objects had its pods deleted by the pod garbage
+// collector within a minute. Each live node is registered Ready and heartbeats a Lease in
+// kube-node-lease; a lost node stops heartbeating.
+TEST_F(LocalKubeletTest, RegistersItsNodesAndHeartbeatsTheirLeases) {
+  ASSERT_TRUE(server.wait_for(
+      [&] {
+        return server.try_get("leases.coordination.k8s.io", "kube-node-lease", "node-a")
+            .has_value();
+      },
+      20s));
+  const json node = server.get("nodes", "", "node-a");
+  bool ready = false;
+  for (const json& c : node["status"]["conditions"]) {
+    ready |= c["type"] == "Ready" && c["status"] == "True";
+  }
+  EXPECT_TRUE(ready) << node.dump();
+  EXPECT_EQ(node["status"]["addresses"][0]["address"], "127.0.0.1");
+  const json lease = server.get("leases.coordination.k8s.io", "kube-node-lease", "node-a");
+  EXPECT_EQ(lease["spec"]["holderIdentity"], "node-a");
+  EXPECT_EQ(lease["metadata"]["ownerReferences"][0]["uid"], node["metadata"]["uid"]);
+  // Renewed: the renewTime moves on.
+  const std::string first = lease["spec"]["renewTime"];
+  ASSERT_TRUE(server.wait_for(
+      [&] {
+        return server.get("leases.coordination.k8s.io", "kube-node-lease",
+                          "node-a")["spec"]["renewTime"] != first;
+      },
+      20s));
+  kubelet->add_node("n9");
+  EXPECT_TRUE(server.wait_for([&] { return server.try_get("nodes", "", "n9").has_value(); }, 20s));
+}
+
+// Control commands assumed namespace "default": a bare pod name is resolved among the pods the
+// kubelet runs, and NS/POD is taken as written.
+TEST_F(LocalKubeletTest, ControlCommandsNameThePodsNamespace) {
+  json sleeper = pod_manifest("sleeper", kLongRunning);
+  sleeper["metadata"]["namespace"] = "team-a";
+  server.create("pods", "team-a", sleeper);
+  ASSERT_TRUE(kubelet->wait_for(
+      [&] {
+        return kubelet->pod("team-a", "sleeper") && kubelet->pod("team-a", "sleeper")->running;
+      },
+      20s));
+  EXPECT_EQ(kubelet->resolve_pod("sleeper"),
+            std::make_pair(std::string("team-a"), std::string("sleeper")));
+  EXPECT_EQ(kubelet->resolve_pod("x/y"), std::make_pair(std::string("x"), std::string("y")));
+  EXPECT_THROW(kubelet->resolve_pod("nobody"), NotFound);
+  EXPECT_THROW(run_control_command(*kubelet, "preempt"), InvalidArgument);
+  EXPECT_EQ(run_control_command(*kubelet, "preempt team-a/sleeper"), "preempting team-a/sleeper");
+  EXPECT_TRUE(server.wait_for(
+      [&] {
+        auto p = server.try_get("pods", "team-a", "sleeper");
+        return p && p->value("status", json::object()).value("reason", "") == "Preempted";
+      },
+      30s));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 //
 // Control (for demos): each line appended to the --control file is one command:
 //   preempt <namespace>/<pod> [reason]     DisruptionTarget + SIGTERM + grace + SIGKILL
+//                                          (a bare <pod> when its name is unique here)
 //   lose-node <node> [evict-after-seconds] SIGKILL the node's processes, stop serving it
 //   add-node <node>                        a new live node
 // SIGTERM or SIGINT: stop every pod process (SIGTERM, SIGKILL after --stop-grace), exit 0.
@@ -29,34 +30,6 @@
 namespace {
 
 using namespace longhaul;
-
-// Executes one control line; returns a message for the log.
-std::string control(kubelet::LocalKubelet& k, const std::string& line) {
-  std::istringstream in(line);
-  std::string verb, arg, extra;
-  in >> verb >> arg >> extra;
-  if (verb.empty() || verb[0] == '#') return "";
-  if (verb == "preempt") {
-    const size_t slash = arg.find('/');
-    const std::string ns = slash == std::string::npos ? "default" : arg.substr(0, slash);
-    const std::string name = slash == std::string::npos ? arg : arg.substr(slash + 1);
-    k.preempt(ns, name, extra.empty() ? "PreemptionByScheduler" : extra);
-    return "preempting " + ns + "/" + name;
-  }
-  if (verb == "lose-node") {
-    kubelet::LoseNodeOptions o;
-    if (!extra.empty()) o.evict_after = std::chrono::milliseconds(std::stoll(extra) * 1000);
-    k.lose_node(arg, o);
-    return "lost node " + arg;
-  }
-  if (verb == "add-node") {
-    k.add_node(arg);
-    return "added node " + arg;
-  }
-  throw InvalidArgument("unknown control command '" + verb +
-                        "' (preempt NS/POD [REASON] | lose-node NODE [EVICT_SECONDS] | "
-                        "add-node NODE)");
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"longhaul-local-kubelet: runs an API server's pods as local processes"};
@@ -123,7 +96,7 @@ int run(int argc, char** argv) {
         lock.unlock();
         while (std::getline(in, line)) {
           try {
-            const std::string done = control(k, line);
+            const std::string done = kubelet::run_control_command(k, line);
             if (!done.empty()) {
               LH_LOG(INFO) << "control" << kv("done", done);
             }

@@ -49,6 +49,7 @@ extern const Resource kPods;
 extern const Resource kServices;
 extern const Resource kPersistentVolumeClaims;
 extern const Resource kEvents;
+extern const Resource kNodes;         // cluster-scoped
 extern const Resource kLeases;        // coordination.k8s.io/v1
 extern const Resource kTrainingJobs;  // longhaul.dev/v1alpha1
 }  // namespace resources

@@ -145,6 +145,10 @@ struct FaultRule {
   int times = -1;
   // Delay before answering (also before an error answer).
   std::chrono::milliseconds latency{0};
+  // The Status reason and message of the answer ("" = a generic one for the status), e.g.
+  // 403 "Forbidden" / "pods \"x\" is forbidden: exceeded quota: ..." as a ResourceQuota says.
+  std::string reason;
+  std::string message;
 };
 
 // How drop_watches() ends open streams.

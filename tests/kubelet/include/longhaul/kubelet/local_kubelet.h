@@ -39,6 +39,13 @@
 // pods stay Terminating until someone force-deletes them (the operator, after
 // nodeLostTimeoutSeconds).
 //
+// Node objects: like a real kubelet it registers a Node per live node (Ready, 127.0.0.1, its
+// capacity) and heartbeats it with a Lease in kube-node-lease (renewed every
+// `node_heartbeat`, the Node status re-reported every `node_status_every` heartbeats), so a real
+// control plane's node lifecycle controller and pod garbage collector treat its pods as
+// running on a healthy node. A lost node stops heartbeating (the controller marks it NotReady);
+// nodes are left registered on stop(), as a kubelet leaves them.
+//
 // Threads: the informer thread (events only wake the sync loop), one sync thread that does every
 // API write, and one waiter thread per running process (blocking waitpid). stop() kills every
 // process (SIGTERM, then SIGKILL after `stop_grace`), joins every thread and reaps every child;
@@ -81,6 +88,9 @@ struct KubeletOptions {
   std::chrono::milliseconds stop_grace{std::chrono::seconds(10)};
   std::chrono::milliseconds crash_backoff_initial{std::chrono::seconds(10)};
   std::chrono::milliseconds crash_backoff_max{std::chrono::minutes(5)};
+  bool register_nodes = true;  // create/heartbeat Node objects and their Leases
+  std::chrono::milliseconds node_heartbeat{std::chrono::seconds(10)};
+  int node_status_every = 6;
   // Called with every line a pod writes (from the pod's log file), tagged with the pod name;
   // for the demo's progress output. Runs on the sync thread: must not block.
   std::function<void(const std::string& pod, const std::string& line)> on_log_line;
@@ -134,6 +144,10 @@ class LocalKubelet {
   std::vector<std::string> live_nodes() const;
 
   std::optional<LocalPodInfo> pod(const std::string& ns, const std::string& name) const;
+  // "NS/POD" -> {NS, POD}. A bare "POD" names the one pod of that name this kubelet knows, in
+  // whatever namespace; throws NotFound when it knows none, InvalidArgument when the name is
+  // in several namespaces (the message lists them: write NS/POD).
+  std::pair<std::string, std::string> resolve_pod(const std::string& ns_slash_pod) const;
   std::vector<LocalPodInfo> pods() const;
   // Blocks until `predicate` (called under no lock) is true, re-evaluating it after every local
   // change (process start/exit, status written, node lost). False on timeout.
@@ -156,6 +170,9 @@ class LocalKubelet {
   void schedule(const json& pod);
   void evict_lost_pods();
   void pump_logs();
+  // Registers live nodes not registered yet, renews the Leases of live nodes when due.
+  void heartbeat_nodes();
+  void register_node(const std::string& node);
   void notify();
   void waiter(std::shared_ptr<Proc> proc);
   static LocalPodInfo info_of(const PodState& s);
@@ -185,6 +202,15 @@ class LocalKubelet {
   std::map<std::string, std::string> pending_bindings_;
   std::vector<std::pair<std::thread, std::shared_ptr<Proc>>> waiters_;  // guarded by mu_
   std::map<std::string, uint64_t> log_offsets_;  // sync thread only: log file -> bytes read
+  // Sync thread only: registered node -> its uid; when the next heartbeat is due; count.
+  std::map<std::string, std::string> registered_nodes_;
+  std::chrono::steady_clock::time_point next_heartbeat_{};
+  int heartbeats_ = 0;
 };
+
+// Runs one control line (the --control file of longhaul-local-kubelet and the demo):
+//   preempt NS/POD [REASON]    lose-node NODE [EVICT_SECONDS]    add-node NODE
+// Returns what was done ("" for blank and # lines). Throws InvalidArgument naming the line.
+std::string run_control_command(LocalKubelet& kubelet, const std::string& line);
 
 }  // namespace longhaul::kubelet
