@@ -184,16 +184,19 @@ void LocalCluster::start() {
     throw NotFound("operator binary " + options_.operator_binary.string() +
                    " does not exist: build the longhaul-operator target");
   }
-  fakeapi::Options so;
-  so.port = options_.api_port;
-  so.bookmark_interval = 5s;
-  server_ = std::make_unique<fakeapi::FakeApiServer>(so);
-  server_->start();
-  server_->write_kubeconfig(kubeconfig());
-
   kube::ClusterConfig cfg;
-  cfg.server = server_->url();
-  cfg.source = "local cluster";
+  if (options_.external_api) {
+    cfg = *options_.external_api;
+  } else {
+    fakeapi::Options so;
+    so.port = options_.api_port;
+    so.bookmark_interval = 5s;
+    server_ = std::make_unique<fakeapi::FakeApiServer>(so);
+    server_->start();
+    server_->write_kubeconfig(kubeconfig());
+    cfg.server = server_->url();
+    cfg.source = "local cluster";
+  }
   kube::HttpClientOptions co;
   co.qps = 0;
   co.initial_backoff = 50ms;
@@ -207,6 +210,7 @@ void LocalCluster::start() {
   ko.on_log_line = options_.on_log_line;
   ko.stop_grace = options_.stop_grace;
   ko.resync = 500ms;
+  ko.ns = options_.watch_namespace;
   kubelet_ = std::make_unique<kubelet::LocalKubelet>(client_, ko);
   kubelet_->start();
 
@@ -224,9 +228,13 @@ void LocalCluster::start() {
                                    "2",
                                    "--qps",
                                    "0"};
+  if (!options_.watch_namespace.empty()) {
+    argv.push_back("--namespace");
+    argv.push_back(options_.watch_namespace);
+  }
   argv.insert(argv.end(), options_.operator_args.begin(), options_.operator_args.end());
   operator_ = std::make_unique<ChildProcess>(argv, operator_log());
-  LH_LOG(INFO) << "local cluster started" << kv("api", server_->url())
+  LH_LOG(INFO) << "local cluster started" << kv("api", cfg.server)
                << kv("kubeconfig", kubeconfig().string()) << kv("operator_pid", operator_->pid());
 }
 

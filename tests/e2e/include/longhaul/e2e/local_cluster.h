@@ -77,6 +77,13 @@ struct LocalClusterOptions {
   std::vector<std::string> operator_args;  // appended to the operator's flags
   std::function<void(const std::string& pod, const std::string& line)> on_log_line;
   std::chrono::milliseconds stop_grace{std::chrono::seconds(10)};
+  // A real API server instead of the in-process fake one: its config (the kubelet and the
+  // apply() client use it) and a kubeconfig file for the operator. The operator then watches
+  // only `watch_namespace` ("" = all) and the kubelet serves only that namespace. The
+  // TrainingJob CRD must be installed already.
+  std::optional<kube::ClusterConfig> external_api;
+  std::filesystem::path external_kubeconfig;
+  std::string watch_namespace;
 };
 
 class LocalCluster {
@@ -96,11 +103,14 @@ class LocalCluster {
   json apply(const json& object);
   std::vector<json> apply_file(const std::filesystem::path& manifest);
 
+  // The fake API server (not with external_api).
   fakeapi::FakeApiServer& api() { return *server_; }
   kubelet::LocalKubelet& kubelet() { return *kubelet_; }
   kube::Client& client() { return *client_; }
   bool operator_running() { return operator_ && operator_->running(); }
-  std::filesystem::path kubeconfig() const { return options_.root / "kubeconfig"; }
+  std::filesystem::path kubeconfig() const {
+    return options_.external_api ? options_.external_kubeconfig : options_.root / "kubeconfig";
+  }
   std::filesystem::path claim_dir(const std::string& ns, const std::string& claim) const;
   std::filesystem::path operator_log() const { return options_.root / "logs" / "operator.log"; }
 
