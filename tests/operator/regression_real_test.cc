@@ -89,7 +89,8 @@ class OperatorRealTest : public RealServerTest {
     return reader->list(res::kPods, ns, lo)["items"].get<std::vector<json>>();
   }
   bool warned(const std::string& reason, const std::string& needle) {
-    for (const json& e : reader->list(res::kEvents, ns, {})["items"]) {
+    const json events = reader->list(res::kEvents, ns, {});
+    for (const json& e : events["items"]) {
       if (e.value("type", "") == "Warning" && e.value("reason", "") == reason &&
           e.value("message", "").find(needle) != std::string::npos) {
         return true;
