@@ -300,8 +300,11 @@ TEST_F(OperatorRealTest, LocalKubeletRegistersNodesAndRunsPodsOnTheRealServer) {
     }
     return false;
   })) << client->get(res::kNodes, "", ns + "-node").dump();
-  const json lease = client->get(res::kLeases, "kube-node-lease", ns + "-node");
-  EXPECT_EQ(lease["spec"]["holderIdentity"], ns + "-node");
+  // The Lease follows the Node's first status in the same heartbeat.
+  EXPECT_TRUE(eventually([&] {
+    return client->get(res::kLeases, "kube-node-lease", ns + "-node")["spec"]["holderIdentity"] ==
+           ns + "-node";
+  }));
   client->create(res::kPods, ns,
                  {{"apiVersion", "v1"},
                   {"kind", "Pod"},
