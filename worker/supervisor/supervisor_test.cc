@@ -360,9 +360,23 @@ TEST(Supervisor, SummaryServiceStepCounterAndScalarsReachTheEventsFile) {
     ++summary_fn_calls;
   };
   Supervisor sv(opts);
+  // The step counter runs on a thread of its own: on a loaded machine the summary thread can run
+  // three times before it runs once, so the loop also waits for its first value in the file. A
+  // read that meets a record the writer has not finished flushing counts as "not yet".
+  auto events_hold = [&](const std::string& tag) {
+    try {
+      for (const auto& e : all_events(dir.path())) {
+        for (const auto& v : e.summary().value()) {
+          if (v.tag() == tag) return true;
+        }
+      }
+    } catch (const DataLoss&) {
+    }
+    return false;
+  };
   sv.managed_session(state, [&](Supervisor& sv) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (summary_fn_calls < 3) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (summary_fn_calls < 3 || !events_hold("global_step/sec")) {
       ASSERT_LT(std::chrono::steady_clock::now(), deadline);
       state.train_step();
       sv.add_scalar("loss", 0.5, state.global_step());
