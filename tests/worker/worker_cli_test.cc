@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "longhaul/data/token_shard.h"
 #include "longhaul/supervisor/safetensors.h"
@@ -256,6 +257,44 @@ TEST_F(WorkerCliTest, FlippedMetadataBitFallsBackToThePreviousCheckpointInTrainA
     EXPECT_TRUE(contains(r.out, "resuming at step 5/8")) << r.out;
     EXPECT_TRUE(contains(r.err, "metadata_crc32c")) << r.err;
   }
+}
+
+// Regression: a FIFO or a device given as a config or named like a checkpoint blocked `train`
+// and `inspect` forever (/dev/zero grew memory at ~1 GB/s); unclear messages named no key/file.
+TEST_F(WorkerCliTest, NonRegularFilesAndUnclearInputsGetAClearErrorNamingTheKeyOrFile) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.yaml").c_str(), 0644), 0);
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"train", "--config", "fifo.yaml", "--logdir", "x"}, 2, "is a FIFO, not a regular file"},
+      {{"train", "--config", "/dev/zero", "--logdir", "x"}, 2, "is a character device"},
+      {{"train", "--config", "small.yaml", "--logdir", "x", "--set", "model.context_length=1"},
+       2,
+       "training.seq_len 16 exceeds model.context_length 1"},
+      {{"eval", "--checkpoint", dir_.string(), "--data", "nothing*.bin"}, 4, "is a directory"},
+  };
+  for (const Case& c : cases) {
+    RunOutput r = run_worker(c.args, dir_, 60s);
+    EXPECT_EQ(r.exit_code, c.code) << c.args[2] << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, c.expect)) << r.err;
+  }
+  // A FIFO named like a checkpoint is skipped, not waited on.
+  const fs::path logdir = dir_ / "run";
+  train_good_logdir(logdir);
+  ASSERT_EQ(::mkfifo((logdir / "model.ckpt-20.safetensors").c_str(), 0644), 0);
+  RunOutput inspect = run_worker({"inspect", logdir.string(), "--json"}, dir_, 60s);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_EQ(nlohmann::json::parse(inspect.out)["restore"]["step"], 10) << inspect.out;
+  // Every checkpoint corrupt: inspect says the restart would fail, as train does (exit 4).
+  corrupt(logdir / "model.ckpt-5.safetensors");
+  corrupt(logdir / "model.ckpt-10.safetensors");
+  RunOutput all_bad = run_worker({"inspect", logdir.string()}, dir_, 60s);
+  EXPECT_TRUE(contains(all_bad.out, "a restart would FAIL (exit 4)")) << all_bad.out;
+  RunOutput train = run_worker({"train", "--config", "small.yaml", "--logdir", "run"}, dir_, 60s);
+  EXPECT_EQ(train.exit_code, 4) << train.err;
 }
 
 TEST_F(WorkerCliTest, SigtermWritesAFinalCheckpointAndResumeIsBitIdentical) {

@@ -129,6 +129,8 @@ int run_inspect(const InspectArgs& args) {
   json skipped_names = json::array();
   for (const auto& s : skipped) skipped_names.push_back(s.filename().string());
   out["skipped"] = skipped_names;
+  // What `train` would do (Supervisor::prepare_chief): restore, start from scratch, or refuse.
+  out["restart"] = !out["restore"].is_null() ? "restore" : skipped.empty() ? "scratch" : "fail";
 
   if (args.json) {
     std::cout << out.dump(2) << "\n";
@@ -158,7 +160,11 @@ int run_inspect(const InspectArgs& args) {
     std::printf("  %10s  %s\n", human_bytes(e["bytes"].get<uint64_t>()).c_str(),
                 e["file"].get<std::string>().c_str());
   }
-  if (out["restore"].is_null()) {
+  if (out["restore"].is_null() && !skipped.empty()) {
+    std::cout << "a restart would FAIL (exit 4): every checkpoint is corrupt or truncated ("
+              << skipped_names.dump()
+              << "); move them away to start from scratch, or restore one from a copy\n";
+  } else if (out["restore"].is_null()) {
     std::cout << "a restart would start from scratch (no valid checkpoint)\n";
   } else {
     const auto& r = out["restore"];

@@ -172,7 +172,13 @@ CheckpointState CheckpointState::parse(std::string_view text, std::string_view s
     std::string_view value = trim(line.substr(colon + 1));
     for (char c : key) {
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) {
-        garbled(source, line_no, "\"" + std::string(key) + "\" is not a field name");
+        // Quote at most 40 printable characters: the file may be binary garbage.
+        std::string shown;
+        for (char k : key.substr(0, 40)) {
+          shown += std::isprint(static_cast<unsigned char>(k)) ? k : '?';
+        }
+        garbled(source, line_no,
+                "\"" + shown + (key.size() > 40 ? "..." : "") + "\" is not a field name");
       }
     }
     any_field = true;

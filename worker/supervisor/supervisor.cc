@@ -204,7 +204,11 @@ void Supervisor::start_services(TrainingState& state) {
       *manager_, &coord_, options_.checkpoint_listeners, [this](const CheckpointStats& st) {
         std::lock_guard lock(events_mu_);
         if (events_) {
-          events_->add_session_log(tensorboard::SessionLog::CHECKPOINT, st.step, st.file.string());
+          // An absolute path, as TensorFlow writes: not relative to wherever the worker runs.
+          std::error_code ec;
+          auto path = std::filesystem::absolute(st.file, ec);
+          events_->add_session_log(tensorboard::SessionLog::CHECKPOINT, st.step,
+                                   (ec ? st.file : path.lexically_normal()).string());
         }
       });
   if (options_.save_model_secs > 0 || options_.checkpoint_on_stop) {

@@ -39,6 +39,13 @@ std::string parse_int(const YAML::Node& n, Int& out, long double min, long doubl
   Int v{};
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || ec != std::errc() || p != s.data() + s.size()) {
+    if (!s.empty() && s[0] == '-' && min >= 0) {
+      return "must be a non-negative integer, got '" + s + "'";
+    }
+    if (ec == std::errc::result_out_of_range) {
+      return "must be an integer in [" + std::to_string(static_cast<long long>(min)) + ", " +
+             std::to_string(static_cast<unsigned long long>(max)) + "], got '" + s + "'";
+    }
     return "must be an integer, got '" + s + "'";
   }
   if (static_cast<long double>(v) < min || static_cast<long double>(v) > max) {
@@ -180,6 +187,8 @@ Field string_map_field(std::string key, Ref<std::map<std::string, std::string>> 
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = [] {
     constexpr int kMaxDim = 1 << 20;
+    // Intervals and waits: 0 disables; more than ~31 years is a typo (and overflows timers).
+    constexpr double kMaxSecs = 1e9;
     std::vector<Field> f;
     f.push_back(string_field("model.preset",
                              [](WorkerConfig & c) -> auto& { return c.model.preset; },
@@ -252,7 +261,7 @@ const std::vector<Field>& schema() {
         [](WorkerConfig & c) -> auto& { return c.training.max_consecutive_skips; }, 1));
     f.push_back(double_field(
         "checkpoint.save_model_secs",
-        [](WorkerConfig & c) -> auto& { return c.checkpoint.save_model_secs; }, 0));
+        [](WorkerConfig & c) -> auto& { return c.checkpoint.save_model_secs; }, 0, kMaxSecs));
     f.push_back(int_field(
         "checkpoint.save_model_steps",
         [](WorkerConfig & c) -> auto& { return c.checkpoint.save_model_steps; }, 0));
@@ -261,7 +270,8 @@ const std::vector<Field>& schema() {
         [](WorkerConfig & c) -> auto& { return c.checkpoint.max_to_keep; }, 0, 1 << 20));
     f.push_back(double_field(
         "checkpoint.keep_checkpoint_every_n_hours",
-        [](WorkerConfig & c) -> auto& { return c.checkpoint.keep_checkpoint_every_n_hours; }, 0));
+        [](WorkerConfig & c) -> auto& { return c.checkpoint.keep_checkpoint_every_n_hours; }, 0,
+        kMaxSecs));
     f.push_back(string_field(
         "checkpoint.init_from", [](WorkerConfig & c) -> auto& { return c.checkpoint.init_from; }));
     f.push_back(string_map_field(
@@ -269,7 +279,7 @@ const std::vector<Field>& schema() {
         [](WorkerConfig & c) -> auto& { return c.checkpoint.init_name_map; }));
     f.push_back(double_field(
         "summaries.save_summaries_secs",
-        [](WorkerConfig & c) -> auto& { return c.summaries.save_summaries_secs; }, 0));
+        [](WorkerConfig & c) -> auto& { return c.summaries.save_summaries_secs; }, 0, kMaxSecs));
     f.push_back(int_field(
         "summaries.every_steps", [](WorkerConfig & c) -> auto& { return c.summaries.every_steps; },
         0));
@@ -285,13 +295,13 @@ const std::vector<Field>& schema() {
         "eval.sample_prompt", [](WorkerConfig & c) -> auto& { return c.eval.sample_prompt; }));
     f.push_back(double_field(
         "supervisor.recovery_wait_secs",
-        [](WorkerConfig & c) -> auto& { return c.supervisor.recovery_wait_secs; }, 0));
+        [](WorkerConfig & c) -> auto& { return c.supervisor.recovery_wait_secs; }, 0, kMaxSecs));
     f.push_back(double_field(
         "supervisor.max_wait_secs",
-        [](WorkerConfig & c) -> auto& { return c.supervisor.max_wait_secs; }, 0));
+        [](WorkerConfig & c) -> auto& { return c.supervisor.max_wait_secs; }, 0, kMaxSecs));
     f.push_back(double_field(
         "supervisor.stop_grace_secs",
-        [](WorkerConfig & c) -> auto& { return c.supervisor.stop_grace_secs; }, 0));
+        [](WorkerConfig & c) -> auto& { return c.supervisor.stop_grace_secs; }, 0, kMaxSecs));
     f.push_back(bool_field(
         "cuda.self_check", [](WorkerConfig & c) -> auto& { return c.cuda.self_check; }));
     f.push_back(string_field(
@@ -402,6 +412,27 @@ void check_structure(const YAML::Node& node, const std::string& prefix, const st
   }
 }
 
+// Duplicate keys in any mapping of the file: yaml-cpp keeps the first silently, PyYAML and Helm
+// the last, so a repeated key (or section) is refused, naming both lines.
+void check_duplicates(const YAML::Node& node, const std::string& prefix, const std::string& where,
+                      std::vector<std::string>& errors) {
+  if (!node.IsMap()) return;
+  std::map<std::string, int> first_line;
+  for (const auto& kv : node) {
+    const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : "<non-scalar key>";
+    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    const int line = kv.first.Mark().line + 1;
+    auto [it, inserted] = first_line.emplace(name, line);
+    if (!inserted) {
+      errors.push_back(where + ": " + key + " is given twice (lines " + std::to_string(it->second) +
+                       " and " + std::to_string(line) +
+                       "); YAML tools disagree on which wins: keep one");
+      continue;
+    }
+    check_duplicates(kv.second, key, where, errors);
+  }
+}
+
 // The node at dotted `key`, created on demand (yaml-cpp: reset() rebinds, = would assign).
 YAML::Node node_at(YAML::Node root, const std::vector<std::string>& parts) {
   YAML::Node cur = root;
@@ -466,6 +497,8 @@ WorkerConfig load_config(const std::filesystem::path& path,
                             " must be a YAML mapping of sections (model:, data:, "
                             "training:, ...); see examples/worker-tiny.yaml");
     }
+    check_duplicates(root, "", where, errors);
+    reject(errors);
     check_structure(root, "", where, errors);
     reject(errors);
   }
@@ -500,10 +533,22 @@ WorkerConfig load_config(const std::filesystem::path& path,
       }
     }
     if (!done) {
-      errors.push_back(origin + ": " +
-                       (field != nullptr
-                            ? key + " is a mapping; set its entries as " + key + ".NAME=VALUE"
-                            : "unknown key '" + key + "'" + suggestion(key)));
+      std::string why;
+      if (field != nullptr) {
+        why = key + " is a mapping; set its entries as " + key + ".NAME=VALUE";
+      } else if (is_section(key)) {
+        std::string some;
+        for (const auto& f : schema()) {
+          if (f.key.rfind(key + ".", 0) == 0) {
+            some = f.key;
+            break;
+          }
+        }
+        why = key + " is a section, not a key: set one of its keys, e.g. --set " + some + "=...";
+      } else {
+        why = "unknown key '" + key + "'" + suggestion(key);
+      }
+      errors.push_back(origin + ": " + why);
     }
   }
   reject(errors);

@@ -95,6 +95,29 @@ TEST_F(ConfigTest, UnknownKeyNamesKeyAndFileWithSuggestion) {
   EXPECT_NE(error("modle: {}\n").find("did you mean 'model'"), std::string::npos);
 }
 
+// Regression: yaml-cpp kept the first of two equal keys silently (PyYAML and Helm take the last).
+TEST_F(ConfigTest, DuplicateKeysAndSectionsAreRefusedNamingBothLines) {
+  const std::string key = error("training:\n  batch_size: 4\n  seq_len: 8\n  batch_size: 2\n");
+  EXPECT_NE(key.find("cfg.yaml"), std::string::npos) << key;
+  EXPECT_NE(key.find("training.batch_size is given twice (lines 2 and 4)"), std::string::npos)
+      << key;
+  const std::string section =
+      error("training:\n  batch_size: 4\nmodel: {}\ntraining:\n  seq_len: 8\n");
+  EXPECT_NE(section.find("training is given twice (lines 1 and 4)"), std::string::npos) << section;
+}
+
+// Regression: messages that named no key or told nothing useful.
+TEST_F(ConfigTest, UnclearValueMessagesNameTheKeyAndWhatIsAllowed) {
+  const std::string seed = error("training: {seed: -1}\n");
+  EXPECT_NE(seed.find("training.seed must be a non-negative integer, got '-1'"), std::string::npos)
+      << seed;
+  const std::string secs = error("checkpoint: {save_model_secs: 1e300}\n");
+  EXPECT_NE(secs.find("checkpoint.save_model_secs must be in [0, "), std::string::npos) << secs;
+  const std::string section = error("", {"training=5"});
+  EXPECT_NE(section.find("training is a section, not a key"), std::string::npos) << section;
+  EXPECT_EQ(section.find("did you mean 'training'"), std::string::npos) << section;
+}
+
 TEST_F(ConfigTest, BadValuesNameTheKey) {
   struct Case {
     std::string yaml, expect;

@@ -151,6 +151,12 @@ model::GPT2Config model_config_for(const WorkerConfig& config) {
   } catch (const Error& e) {
     throw InvalidArgument(where(config) + ": model: " + e.what());
   }
+  if (config.training.seq_len > c.context_length) {
+    throw InvalidArgument(
+        where(config) + ": training.seq_len " + std::to_string(config.training.seq_len) +
+        " exceeds model.context_length " + std::to_string(c.context_length) + " (of model.preset " +
+        config.model.preset + " unless set): lower training.seq_len or raise model.context_length");
+  }
   return c;
 }
 
