@@ -139,5 +139,20 @@ TEST_F(WorkerStopTest, SigtermWhileWaitingForPeersAtTheRendezvousStopsAtOnce) {
   EXPECT_TRUE(contains(p.err(), "stopped at the rendezvous")) << p.err();
 }
 
+// Regression: two `train` processes on one logdir both ran and both claimed commits. The second
+// is refused at start naming the holder, and the first trains on undisturbed.
+TEST_F(WorkerStopTest, ASecondTrainOnTheSameLogdirIsRefusedNamingTheHolder) {
+  write_text(dir_ / "long.yaml", small_model_config(1000000, 0));
+  WorkerProcess first({"train", "--config", "long.yaml", "--logdir", "b"}, dir_, dir_);
+  ASSERT_TRUE(first.wait_for_stdout("step     10/", 120s)) << first.out() << first.err();
+  RunOutput second = run_worker({"train", "--config", "long.yaml", "--logdir", "b"}, dir_);
+  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_TRUE(contains(second.err, "in use by another training process")) << second.err;
+  EXPECT_TRUE(contains(second.err, "pid " + std::to_string(first.pid()))) << second.err;
+  EXPECT_TRUE(first.running());
+  first.signal(SIGTERM);
+  ASSERT_EQ(first.wait(90s), 143) << first.err();
+}
+
 }  // namespace
 }  // namespace longhaul::worker_test

@@ -1,8 +1,13 @@
 #include "longhaul/supervisor/supervisor.h"
 
 #include <chrono>
+#include <ctime>
 #include <thread>
 #include <utility>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
@@ -55,6 +60,22 @@ RestoredCheckpoint describe_restored(const CheckpointManager& manager,
   return r;
 }
 
+std::string boot_id() {
+  try {
+    std::string id = file::read_file("/proc/sys/kernel/random/boot_id", 4096);
+    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+    return id;
+  } catch (const Error&) {
+    return "unknown";
+  }
+}
+
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
 void check_secs(double v, const char* name) {
   if (!(v >= 0)) {
     throw InvalidArgument(std::string("supervisor option ") + name +
@@ -78,13 +99,54 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
   check_secs(options_.events_flush_secs, "events_flush_secs");
   if (options_.max_to_keep < 0) throw InvalidArgument("supervisor option max_to_keep must be >= 0");
   if (options_.is_chief) {
-    manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
-        options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
-        options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
+    // The lock first: the manager removes temp files, which may be another writer's.
+    file::ensure_writable_directory(options_.logdir, "logdir");
+    lock_logdir();
+    try {
+      manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
+          options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
+          options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
+    } catch (...) {
+      ::close(lock_fd_);  // the destructor does not run for a constructor that throws
+      lock_fd_ = -1;
+      throw;
+    }
     // A marker from an earlier run must not tell non-chiefs the model is ready before this
     // chief has restored it.
     std::error_code ec;
     std::filesystem::remove(options_.logdir / kChiefReadyFile, ec);
+  }
+}
+
+void Supervisor::lock_logdir() {
+  const auto path = options_.logdir / kWriterLockFile;
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (lock_fd_ < 0) throw_errno("cannot open the logdir lock", path.string(), errno);
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    std::string holder;
+    try {
+      holder = file::read_file(path, 4096);
+    } catch (const Error&) {
+    }
+    while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    if (e != EWOULDBLOCK) throw_errno("cannot lock the logdir", path.string(), e);
+    throw AlreadyExists("logdir " + options_.logdir.string() +
+                        " is in use by another training process (" +
+                        (holder.empty() ? std::string("holder unknown") : holder) +
+                        "); two writers would overwrite each other's checkpoints. Stop that "
+                        "process, or give this run another --logdir");
+  }
+  // The holder, for the message a second writer gets (and for people reading the logdir). The
+  // lock itself is the flock: the kernel drops it when this process dies, however it dies.
+  const std::string me = "host " + this_host() + ", pid " + std::to_string(::getpid()) +
+                         ", boot_id " + boot_id() + ", since " +
+                         std::to_string(static_cast<int64_t>(::time(nullptr)));
+  if (::ftruncate(lock_fd_, 0) == 0) {
+    ssize_t n = ::pwrite(lock_fd_, me.data(), me.size(), 0);
+    (void)n;
   }
 }
 
@@ -98,8 +160,11 @@ Supervisor::~Supervisor() {
     // Already reported by managed_session.
   }
   if (checkpointer_) checkpointer_->stop();
-  std::lock_guard lock(events_mu_);
-  events_.reset();
+  {
+    std::lock_guard lock(events_mu_);
+    events_.reset();
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }
 
 std::filesystem::path Supervisor::events_file() const {

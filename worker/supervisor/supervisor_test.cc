@@ -508,6 +508,23 @@ TEST(Supervisor, ASignalBeforeAttachIsDeliveredOnAttach) {
   signals.detach();
 }
 
+// Regression: two chiefs on one logdir both ran, both claimed commits, and retention orphaned
+// each other's files. The second is refused naming the holder; once the first is gone (as when
+// its process dies: the kernel drops the flock) a new one starts.
+TEST(Supervisor, ASecondWriterOnTheLogdirIsRefusedNamingTheHolder) {
+  TempDir dir;
+  auto first = std::make_unique<Supervisor>(quiet_options(dir.path()));
+  try {
+    Supervisor second(quiet_options(dir.path()));
+    FAIL() << "a second writer was accepted";
+  } catch (const AlreadyExists& e) {
+    EXPECT_THAT(e.what(), HasSubstr("in use by another training process"));
+    EXPECT_THAT(e.what(), HasSubstr("pid " + std::to_string(::getpid())));
+  }
+  first.reset();
+  EXPECT_NO_THROW(Supervisor third(quiet_options(dir.path())));
+}
+
 TEST(Supervisor, AStopRequestedBeforeTheSessionIsKept) {
   TempDir dir;
   ToyState state;

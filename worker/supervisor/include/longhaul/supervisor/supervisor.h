@@ -120,11 +120,18 @@ struct SupervisorOptions {
 
 // The marker file a chief writes into the logdir once the model is initialised or restored.
 inline constexpr std::string_view kChiefReadyFile = "chief.ready";
+// The chief's writer lock: an flock(2) held for the Supervisor's life; the file names the holder
+// (host, pid, boot id, since). A second chief on the same logdir is refused with AlreadyExists
+// naming the holder; the kernel drops the lock when the holder dies (kill -9 included), so a
+// restart is never blocked by a dead process. Across machines this relies on the shared
+// filesystem propagating flock (NFSv4, CephFS and most ReadWriteMany drivers do).
+inline constexpr std::string_view kWriterLockFile = ".writer.lock";
 
 class Supervisor {
  public:
   // Validates options (InvalidArgument naming the option). On the chief, creates the logdir,
-  // checks it is writable, and removes temp files left by a crashed writer.
+  // checks it is writable, takes the writer lock (AlreadyExists naming the holder when another
+  // live process has it), and removes temp files left by a crashed writer.
   explicit Supervisor(SupervisorOptions options);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
@@ -192,8 +199,10 @@ class Supervisor {
   std::atomic<int64_t> last_saved_step_{-1};
   std::optional<int64_t> restored_step_;
   std::atomic<bool> in_session_{false};
-  std::exception_ptr final_checkpoint_error_;  // training thread only: set by finish_session
-  int sessions_started_ = 0;                   // training thread only
+  std::exception_ptr final_checkpoint_error_;
+  int lock_fd_ = -1;          // the writer lock (chief only), closed by the destructor
+  void lock_logdir();         // training thread only: set by finish_session
+  int sessions_started_ = 0;  // training thread only
 };
 
 // Turns SIGTERM / SIGINT / SIGHUP into supervisor.request_checkpoint() + request_stop(Cancelled):
