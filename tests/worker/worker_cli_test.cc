@@ -297,6 +297,28 @@ TEST_F(WorkerCliTest, NonRegularFilesAndUnclearInputsGetAClearErrorNamingTheKeyO
   EXPECT_EQ(train.exit_code, 4) << train.err;
 }
 
+// Exact resume holds only in the same numerical environment: checkpoints record it, and a
+// resume elsewhere (here: another thread count) says the continuation is equivalent, not
+// bit-identical.
+TEST_F(WorkerCliTest, ResumeInAnotherNumericalEnvironmentWarnsItIsNotBitIdentical) {
+  const fs::path logdir = dir_ / "run";
+  RunOutput a = run_worker({"train", "--config", "small.yaml", "--logdir", "run"}, dir_, 120s,
+                           {{"LONGHAUL_NUM_THREADS", "1"}});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  SafetensorsReader r(logdir / "model.ckpt-10.safetensors");
+  EXPECT_TRUE(contains(r.metadata().at("numerics"), "1 threads")) << r.metadata().at("numerics");
+  RunOutput same = run_worker(
+      {"train", "--config", "small.yaml", "--logdir", "run", "--set", "training.max_steps=12"},
+      dir_, 120s, {{"LONGHAUL_NUM_THREADS", "1"}});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_FALSE(contains(same.err, "not bit-identical")) << same.err;
+  RunOutput other = run_worker(
+      {"train", "--config", "small.yaml", "--logdir", "run", "--set", "training.max_steps=14"},
+      dir_, 120s, {{"LONGHAUL_NUM_THREADS", "2"}});
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_TRUE(contains(other.err, "numerically equivalent, not bit-identical")) << other.err;
+}
+
 TEST_F(WorkerCliTest, SigtermWritesAFinalCheckpointAndResumeIsBitIdentical) {
   // Uninterrupted: 3000 steps (about a second: SIGTERM always lands mid-run), only the final
   // checkpoint.

@@ -13,8 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/backend_cuda/device_info.h"
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
+#include "longhaul/kernels/cpu/platform.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/supervisor.h"
@@ -139,6 +141,25 @@ TokenizerSpec data_tokenizer(const WorkerConfig& config, const model::GPT2Config
   return {};
 }
 
+// Where the bits of a step are computed: what bit-identical resume depends on. CPU: the
+// OpenBLAS build and core it selected (OPENBLAS_CORETYPE changes it) and the thread count; GPU:
+// its name and compute capability, the CUDA runtime (and so cuBLAS/cuBLASLt) and the driver.
+std::string numerical_environment(const model::LanguageModel& model) {
+  if (model.device_name() == "cpu") {
+    const auto p = kernels::cpu::cpu_platform();
+    return "cpu: " + p.blas + ", " + std::to_string(p.threads) + " threads";
+  }
+  const auto build = backend_cuda::cuda_build_info();
+  const auto sys = backend_cuda::cuda_system_info();
+  std::string gpu = sys.devices.empty() ? std::string("unknown GPU") : sys.devices[0].name;
+  if (!sys.devices.empty()) {
+    gpu += " (compute " + std::to_string(sys.devices[0].cc_major) + "." +
+           std::to_string(sys.devices[0].cc_minor) + ")";
+  }
+  return "cuda: " + gpu + ", CUDA runtime and cuBLAS " + build.runtime_version + ", driver " +
+         sys.driver_version;
+}
+
 }  // namespace
 
 std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config) {
@@ -241,6 +262,8 @@ RunResult run_training(const RunOptions& options) {
   if (options.start_reducing_gradients) {
     trainer.set_last_backward_hook(options.start_reducing_gradients);
   }
+  const std::string numerics = numerical_environment(trainer.model());
+  trainer.set_checkpoint_metadata("numerics", numerics);
   trainer.set_checkpoint_metadata("device", plan.summary());
   trainer.set_checkpoint_metadata("kernels", kernels_json(plan));
   // The watchdog judges the mean loss over replicas, so all replicas agree on a bad step.
@@ -302,6 +325,13 @@ RunResult run_training(const RunOptions& options) {
     if (options.sync_state) options.sync_state(trainer);
     const int64_t start_step = trainer.global_step();
     result.restored_step = sv.restored_step();
+    if (sv.restored_step() && !trainer.restored_numerics().empty() &&
+        trainer.restored_numerics() != numerics) {
+      LH_LOG(WARNING) << "resuming in another numerical environment than the checkpoint was "
+                         "written in: the continuation is numerically equivalent, not "
+                         "bit-identical to an uninterrupted run"
+                      << kv("checkpoint", trainer.restored_numerics()) << kv("now", numerics);
+    }
     if (options.on_session_start)
       options.on_session_start(start_step, sv.restored_step().has_value());
     {

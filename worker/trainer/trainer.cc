@@ -366,6 +366,8 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
     throw_error(e.code(), "cannot restore from " + ckpt.path() + ": " + e.what());
   }
   model_->set_optimizer_step_count(opt_steps);
+  auto numerics = ckpt.metadata().find("numerics");
+  restored_numerics_ = numerics == ckpt.metadata().end() ? "" : numerics->second;
   auto tokens = ckpt.metadata().find("train_tokens");
   train_tokens_ = tokens == ckpt.metadata().end() ? 0 : std::stoll(tokens->second);
   model_->zero_grad();

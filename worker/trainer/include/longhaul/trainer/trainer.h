@@ -156,6 +156,9 @@ class Trainer : public supervisor::TrainingState {
   void set_checkpoint_metadata(const std::string& key, const std::string& value) {
     extra_metadata_[key] = value;
   }
+  // The `numerics` metadata of the checkpoint last restored (where its bits were computed: BLAS
+  // core and threads, or GPU and CUDA versions), "" when none or not recorded.
+  const std::string& restored_numerics() const { return restored_numerics_; }
 
   model::LanguageModel& model() { return *model_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
@@ -196,6 +199,7 @@ class Trainer : public supervisor::TrainingState {
   int64_t consecutive_skips_ = 0;
   int64_t inject_nan_at_step_ = 0;  // LONGHAUL_TEST_NAN_GRADIENT_AT_STEP; 0: none
   std::function<bool(double)> stop_check_;
+  std::string restored_numerics_;
 };
 
 // Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).
