@@ -1,8 +1,10 @@
-// A minimal HTTP/1.1 server for probes and Prometheus scrapes: one thread, one connection at a
-// time, requests answered by a handler, Connection: close. It exists because a library that
-// pins its threads' stack size (civetweb, under prometheus-cpp's Exposer) cannot start threads
-// in a process that loads cuBLASLt, whose static TLS alone is ~94 KB; this server's thread gets
-// the default stack.
+// A minimal HTTP/1.1 server for probes and Prometheus scrapes: one thread running an event loop
+// over non-blocking sockets, up to 64 connections at once (more wait in the listen backlog),
+// each with a 5 s deadline from accept to the last byte of the response, requests answered by a
+// handler, Connection: close. An idle or slow client delays neither other clients nor stop(). It
+// exists because a library that pins its threads' stack size (civetweb, under prometheus-cpp's
+// Exposer) cannot start threads in a process that loads cuBLASLt, whose static TLS alone is ~94 KB;
+// this server's thread gets the default stack.
 //
 // Thread-safety: start()/stop() from the owning thread; the handler runs on the server thread.
 #pragma once
@@ -34,11 +36,12 @@ class Server {
   // Binds (port 0: an ephemeral port) and starts the server thread. Throws Unavailable naming
   // the address and port when it cannot bind, InvalidArgument for an address that is not IPv4.
   void start();
-  void stop();  // idempotent; joins the thread
+  void stop();  // idempotent; closes every connection and joins the thread
   int port() const { return port_; }
 
  private:
   void serve();
+  std::string respond(const std::string& request);  // the whole HTTP response to `request`
   std::string what_;
   std::string address_;
   int port_;
