@@ -69,6 +69,8 @@ TEST_F(WorkerStopTest, SigtermInsideAStepThatCannotFinishCommitsTheLastCompleted
     // Bounded by the grace period (30 s) plus a generous margin for a loaded machine.
     ASSERT_EQ(p.wait(90s), 143) << p.err();
     EXPECT_TRUE(contains(p.err(), "abandoned")) << p.err();
+    // Such a config is not accepted silently: the step's duration and size are called out.
+    EXPECT_TRUE(contains(p.err(), "more tokens than the training data holds")) << p.err();
   }
   EXPECT_EQ(state_file_latest_step(dir_ / "b"), 0);
   // The committed step-0 state resumes exactly like a run that was never interrupted.

@@ -243,6 +243,15 @@ RunResult run_training(const RunOptions& options) {
   Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
                   options.world_size);
   if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);
+  // A step that reads more tokens than the training data holds repeats data inside one step.
+  if (const uint64_t step_tokens = static_cast<uint64_t>(trainer.tokens_per_step()) *
+                                   static_cast<uint64_t>(options.world_size);
+      step_tokens > train_set->total_tokens()) {
+    LH_LOG(WARNING) << "one optimizer step reads more tokens than the training data holds: "
+                       "every step repeats data; lower training.total_batch_tokens or add data"
+                    << kv("training.total_batch_tokens", step_tokens)
+                    << kv("data_tokens", train_set->total_tokens());
+  }
   // The data's tokenizer: recorded in checkpoints (gpt2 files copied into the logdir by the
   // chief) so that `sample` and `export` decode; the chief samples text at each evaluation.
   const TokenizerSpec tokenizer_spec = data_tokenizer(config, model_config);

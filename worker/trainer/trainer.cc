@@ -432,6 +432,18 @@ StepStats Trainer::train_step() {
         throw Cancelled(why);
       }
     }
+    if (micro == 1 && !warned_step_time_) {  // after one micro-batch: the step's time is known
+      warned_step_time_ = true;
+      const double per_micro =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double step_secs = per_micro * static_cast<double>(accumulation_steps_);
+      if (step_secs > 86400) {
+        LH_LOG(WARNING) << "one optimizer step will take more than a day at the measured rate ("
+                        << accumulation_steps_ << " micro-batches of " << per_micro
+                        << " s): lower training.total_batch_tokens"
+                        << kv("estimated_step_hours", step_secs / 3600);
+      }
+    }
     data::Batch batch = train_->next();
     batch.to_int32(inputs_, targets_);
     if (micro == accumulation_steps_ - 1 && last_backward_hook_) last_backward_hook_(*model_);

@@ -200,6 +200,7 @@ class Trainer : public supervisor::TrainingState {
   int64_t inject_nan_at_step_ = 0;  // LONGHAUL_TEST_NAN_GRADIENT_AT_STEP; 0: none
   std::function<bool(double)> stop_check_;
   std::string restored_numerics_;
+  bool warned_step_time_ = false;  // the "a step takes more than a day" warning, once
 };
 
 // Adapts a safetensors TensorSource to the model's pre-trained reader (F32/F16/BF16 -> fp32).
