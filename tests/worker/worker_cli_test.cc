@@ -297,6 +297,39 @@ TEST_F(WorkerCliTest, NonRegularFilesAndUnclearInputsGetAClearErrorNamingTheKeyO
   EXPECT_EQ(train.exit_code, 4) << train.err;
 }
 
+// Flag values and eval shapes that cannot be used are refused with a message that names the flag
+// or key and says what it takes (they printed a 300-digit bound, or were silently ignored), and
+// nothing is written.
+TEST_F(WorkerCliTest, BadFlagValuesAndEvalShapeMistakesAreNamedNotIgnored) {
+  const fs::path logdir = dir_ / "run";
+  train_good_logdir(logdir);
+  const std::string ckpt = (logdir / "model.ckpt-10.safetensors").string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"train", "--config", "small.yaml", "--logdir", "x", "--metrics-port", "abc"},
+       "--metrics-port: takes a TCP port from 1 to 65535, or 0 to turn the metrics server off, "
+       "not 'abc'"},
+      {{"prepare-data", "--input", "small.yaml", "--output-dir", "shards", "--shard-tokens", "0"},
+       "--shard-tokens: takes a whole number of tokens per shard, at least 1"},
+      {{"prepare-data", "--input", "small.yaml", "--output-dir", "shards", "--val-fraction", "1"},
+       "--val-fraction: takes a fraction from 0 up to (not including) 1"},
+      {{"eval", "--checkpoint", ckpt, "--data", "nothing*.bin", "--set", "model.n_layer=1"},
+       "eval always uses the checkpoint's own shape: drop the model.* keys"},
+      {{"eval", "--checkpoint", ckpt, "--data", "nothing*.bin", "--set", "training.seq_len=100000"},
+       "training.seq_len = 100000 is longer than the model's context_length"},
+  };
+  for (const Case& c : cases) {
+    RunOutput r = run_worker(c.args, dir_, 60s);
+    EXPECT_EQ(r.exit_code, 2) << c.args[0] << " " << c.args.back() << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, c.expect)) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  EXPECT_FALSE(fs::exists(dir_ / "shards"));
+}
+
 // Exact resume holds only in the same numerical environment: checkpoints record it, and a
 // resume elsewhere (here: another thread count) says the continuation is equivalent, not
 // bit-identical.

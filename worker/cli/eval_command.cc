@@ -1,6 +1,8 @@
 // `longhaul-worker eval --checkpoint FILE --data GLOB`: mean loss of a checkpoint's weights.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -36,15 +38,49 @@ int run_eval(const EvalArgs& args) {
   } catch (const Error& e) {
     throw trainer::CheckpointError(e.code(), e.what());
   }
+  const bool model_keys_set = std::any_of(args.sets.begin(), args.sets.end(), [](const auto& s) {
+    return std::string_view(s).starts_with("model.");
+  });
   if (!shape) {
     try {
       shape = trainer::model_config_for(config);  // e.g. a Hugging Face file: --set model.preset
     } catch (const Error& e) {
       throw InvalidArgument(e.what());
     }
+  } else if (model_keys_set) {
+    // The checkpoint records its own shape and eval uses it; a different shape asked for on the
+    // command line is a mistake to report, not a request to ignore.
+    std::optional<model::GPT2Config> asked;
+    try {
+      asked = trainer::model_config_for(config);
+    } catch (const Error& e) {
+      throw InvalidArgument(e.what());
+    }
+    if (*asked != *shape) {
+      throw InvalidArgument("--set model.* asks for " + asked->to_string() + ", but " +
+                            args.checkpoint + " records " + shape->to_string() +
+                            "; eval always uses the checkpoint's own shape: drop the model.* "
+                            "keys (they are only for files without longhaul metadata, such as a "
+                            "Hugging Face model.safetensors)");
+    }
   }
   const int B = static_cast<int>(config.training.batch_size);
-  const int T = static_cast<int>(std::min<int64_t>(config.training.seq_len, shape->context_length));
+  // The default seq_len follows the model; one the user chose is used as given or refused.
+  const bool seq_len_chosen =
+      !args.config.empty() || std::any_of(args.sets.begin(), args.sets.end(), [](const auto& s) {
+        return std::string_view(s).starts_with("training.seq_len");
+      });
+  if (!seq_len_chosen) {
+    config.training.seq_len = std::min<int64_t>(config.training.seq_len, shape->context_length);
+  }
+  if (config.training.seq_len > shape->context_length) {
+    throw InvalidArgument(
+        "training.seq_len = " + std::to_string(config.training.seq_len) +
+        " is longer than the model's context_length = " + std::to_string(shape->context_length) +
+        " (" + args.checkpoint + "): set training.seq_len to at most " +
+        std::to_string(shape->context_length));
+  }
+  const int T = static_cast<int>(config.training.seq_len);
 
   std::shared_ptr<const data::TokenDataset> dataset;
   std::unique_ptr<data::EvalLoader> loader;

@@ -7,12 +7,54 @@
 //   export        a checkpoint as a Hugging Face GPT-2 directory or an llm.c model file
 //   doctor        what works on this machine: GPU/CPU self-check, chosen path, measurements
 // `longhaul-worker <command> --help` describes each; exit codes are listed in exit_codes.h.
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
 #include "exit_codes.h"
+
+namespace {
+
+// Flag checks whose errors say in words what the flag takes. CLI11's Range/PositiveNumber print
+// their bounds as 300-digit doubles and its integer parse says nothing about the flag; CLI11
+// prefixes these messages with the flag's name.
+CLI::Validator whole_number(long long min, long long max, const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        long long value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, ec] = std::from_chars(text.data(), end, value);
+        if (ec != std::errc() || stop != end || value < min || value > max) {
+          return "takes " + what + ", not '" + text + "'";
+        }
+        return {};
+      },
+      "");
+}
+
+CLI::Validator real_number(double min, bool min_allowed, double max, bool max_allowed,
+                           const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* stop = nullptr;
+        const double value = std::strtod(text.c_str(), &stop);
+        const bool parsed = !text.empty() && stop == text.c_str() + text.size();
+        if (!parsed || !std::isfinite(value) || (min_allowed ? value < min : value <= min) ||
+            (max_allowed ? value > max : value >= max)) {
+          return "takes " + what + ", not '" + text + "'";
+        }
+        return {};
+      },
+      "");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace longhaul::cli;
@@ -40,16 +82,17 @@ int main(int argc, char** argv) {
   train_cmd
       ->add_option("--metrics-port", train.metrics_port,
                    "Prometheus /metrics port (0 disables; default: the config's)")
-      ->check(CLI::Range(0, 65535));
+      ->check(whole_number(0, 65535,
+                           "a TCP port from 1 to 65535, or 0 to turn the metrics server off"));
 
   train_cmd
       ->add_option("--rank", train.rank,
                    "this replica's rank without TF_CONFIG (default $LONGHAUL_RANK or 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, INT_MAX, "a whole number from 0 (the chief)"));
   train_cmd
       ->add_option("--world-size", train.world_size,
                    "replicas without TF_CONFIG (default $LONGHAUL_WORLD_SIZE or 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, INT_MAX, "a whole number of replicas, at least 1"));
   train_cmd->add_option(
       "--rendezvous-dir", train.rendezvous_dir,
       "shared folder for the replicas' rendezvous (default <logdir>/.rendezvous)");
@@ -62,7 +105,7 @@ int main(int argc, char** argv) {
       ->add_option("--allreduce-bucket-mb", train.allreduce_bucket_mb,
                    "CPU replicas: gradient bucket size in MiB for the overlapped all-reduce; 0: "
                    "min(25, a quarter of the gradients) (default $LONGHAUL_ALLREDUCE_BUCKET_MB)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(real_number(0, true, 1e9, true, "a size in MiB, 0 or more (0: automatic)"));
 
   LaunchArgs launch;
   auto* launch_cmd = app.add_subcommand(
@@ -70,17 +113,17 @@ int main(int argc, char** argv) {
       "Run N data-parallel replicas on this machine (TF_CONFIG on 127.0.0.1), restarting them "
       "all after a retryable failure: launch --replicas 2 -- train --config x.yaml");
   launch_cmd->add_option("--replicas,-n", launch.replicas, "replicas (chief + workers)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, INT_MAX, "a whole number of replicas, at least 1"));
   launch_cmd
       ->add_option("--max-restarts", launch.max_restarts,
                    "group restarts after retryable failures (default 3)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, INT_MAX, "a whole number, 0 or more"));
   launch_cmd->add_flag("--evaluator", launch.evaluator,
                        "also run an evaluator task (val loss of each checkpoint in <logdir>/eval)");
   launch_cmd
       ->add_option("--grace-secs", launch.grace_secs,
                    "SIGTERM -> SIGKILL delay when stopping replicas (default 30)")
-      ->check(CLI::PositiveNumber);
+      ->check(real_number(0, false, 1e9, true, "a number of seconds above 0, e.g. 30"));
   launch_cmd->add_option("command", launch.command, "after --: train [train flags]")->required();
 
   EvalArgs eval;
@@ -92,7 +135,7 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--config,-c", eval.config, "config for batch_size/seq_len");
   eval_cmd->add_option("--set", eval.sets, "override a config key")->allow_extra_args(false);
   eval_cmd->add_option("--batches", eval.batches, "at most this many batches (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, LLONG_MAX, "a whole number of batches, 0 or more (0: all)"));
   eval_cmd->add_flag("--json", eval.json, "print one JSON object");
 
   InspectArgs inspect;
@@ -126,10 +169,12 @@ int main(int argc, char** argv) {
   prepare_cmd
       ->add_option("--val-fraction", prepare.val_fraction,
                    "fraction of the bytes for validation, in [0, 1) (default 0.05)")
-      ->check(CLI::Range(0.0, 0.999999));
+      ->check(
+          real_number(0, true, 1, false, "a fraction from 0 up to (not including) 1, e.g. 0.05"));
   prepare_cmd
       ->add_option("--shard-tokens", prepare.shard_tokens, "tokens per shard (default 10000000)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, LLONG_MAX,
+                           "a whole number of tokens per shard, at least 1 (e.g. 10000000)"));
 
   DoctorArgs doctor;
   auto* doctor_cmd = app.add_subcommand(
@@ -156,13 +201,13 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--prompt", sample.prompt,
                          "text to continue (default: start of a document)");
   sample_cmd->add_option("--tokens,-n", sample.tokens, "tokens to generate (default 256)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, INT_MAX, "a whole number of tokens, 0 or more"));
   sample_cmd
       ->add_option("--temperature", sample.temperature,
                    "softmax temperature; 0 is greedy (default 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(real_number(0, true, 1e6, true, "a temperature, 0 (greedy) or more, e.g. 0.8"));
   sample_cmd->add_option("--top-k", sample.top_k, "sample among the k likeliest tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, INT_MAX, "a whole number, 0 (all tokens) or more"));
   sample_cmd->add_option("--seed", sample.seed, "random seed: the same seed, the same text");
   sample_cmd->add_option("--device", sample.device, "auto or cpu: sampling runs on the CPU")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
