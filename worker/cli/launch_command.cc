@@ -3,7 +3,7 @@
 //
 // Environment read here besides what dist/cluster.h lists:
 //   LONGHAUL_COLLECTIVE_TIMEOUT_SECS (default 300): a peer that hangs or a cut network is
-//       declared lost after this; survivors exit 138.
+//       declared lost after this; survivors regroup or exit 138 (supervisor.on_peer_loss).
 //   LONGHAUL_ALLREDUCE_ALGORITHM (default ring): ring | halving-doubling | bcube.
 //   LONGHAUL_ALLREDUCE_OVERLAP (default on): on | off, when train has no --allreduce-overlap.
 //   LONGHAUL_ALLREDUCE_BUCKET_MB (default 0 = automatic), when train has no
@@ -105,6 +105,27 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   run.sync_state = [p, first_wait](supervisor::TrainingState& state) {
     p->broadcast_state(state, first_wait);
   };
+  const auto& sup = run.config.supervisor;
+  if (sup.on_peer_loss == "regroup") {
+    // Recovery in place (dist/data_parallel.h). A fresh process first asks whether it joins
+    // replicas that kept their state (it replaces a lost one): then its session takes their
+    // state by broadcast instead of reading a checkpoint.
+    p->set_regroup(o, sup.regroup_timeout_secs);
+    const dist::StateSource source = p->agree_state_source(std::nullopt);
+    if (source.survivors) {
+      LH_LOG(WARNING) << "joining running replicas as the replacement of a lost one; their state "
+                         "comes by broadcast, no checkpoint is read"
+                      << kv("rank", p->rank()) << kv("step", source.step)
+                      << kv("state_from_rank", source.root);
+      const auto wait = std::chrono::milliseconds(
+          static_cast<int64_t>((sup.regroup_timeout_secs + o.collective_timeout_secs) * 1000));
+      run.receive_state = [p, source, wait](supervisor::TrainingState& state) {
+        state.initialize();  // complete before it is overwritten (a mismatch leaves no hole)
+        p->broadcast_state(state, wait, source.root);
+      };
+    }
+    run.regroup = [p](supervisor::TrainingState& state) { return p->regroup(state); };
+  }
   run.start_reducing_gradients = [p](model::LanguageModel& model) {
     p->start_gradient_averaging(model);
   };
@@ -126,6 +147,18 @@ int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
                  << kv("blocked_seconds", exposed)
                  << kv("hidden_fraction", busy > 0 ? std::max(0.0, 1.0 - exposed / busy) : 0.0)
                  << kv("buckets_per_step", dp->last_bucket_count());
+  }
+  if (result.regroup_failed) {
+    LH_LOG(WARNING) << "a lost replica was not replaced within supervisor.regroup_timeout_secs; "
+                    << (id.rank == 0 ? "committed a final checkpoint of the last completed step; "
+                                     : "")
+                    << "exit 138 so the whole group restarts" << kv("rank", *id.rank)
+                    << kv("step", result.final_step);
+    return kExitAborted;
+  }
+  if (dp != nullptr && dp->regroups() > 0) {
+    LH_LOG(INFO) << "recovered from lost peers in place" << kv("rank", *id.rank)
+                 << kv("regroups", dp->regroups());
   }
   if (dp != nullptr && result.signal == 0 && !finished && dp->stop_requested_by_peer()) {
     LH_LOG(WARNING) << "stopped because another replica stopped (preempted or signalled); the "

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
@@ -59,11 +62,18 @@ json specs_json(const std::vector<supervisor::TensorSpec>& specs) {
   return out;
 }
 
-void broadcast_string(Communicator& comm, std::string& text, std::chrono::milliseconds timeout) {
+void broadcast_string(Communicator& comm, std::string& text, std::chrono::milliseconds timeout,
+                      int root) {
   int64_t size = static_cast<int64_t>(text.size());
-  comm.broadcast(std::as_writable_bytes(std::span<int64_t>(&size, 1)), 0, timeout);
+  comm.broadcast(std::as_writable_bytes(std::span<int64_t>(&size, 1)), root, timeout);
   text.resize(static_cast<size_t>(size));
-  comm.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
+  comm.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
+}
+
+std::string rank_names(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
 }
 
 }  // namespace
@@ -72,65 +82,70 @@ DataParallel::DataParallel(std::unique_ptr<Communicator> comm, DataParallelOptio
                            std::unique_ptr<DeviceAllreduce> device)
     : comm_(std::move(comm)), options_(options), device_(std::move(device)) {
   if (!comm_) throw InvalidArgument("DataParallel needs a communicator");
+  rank_ = comm_->rank();
+  world_size_ = comm_->world_size();
+  if (const char* v = std::getenv("LONGHAUL_TEST_KILL_MID_ALLREDUCE"); v != nullptr && *v) {
+    kill_mid_allreduce_at_ = std::strtoll(v, nullptr, 10);
+  }
 }
 
 DataParallel::~DataParallel() { stop_communication_thread(); }
 
 void DataParallel::broadcast_state(supervisor::TrainingState& state,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds timeout, int root) {
   if (world_size() == 1) return;
   quiesce();
   const auto start = std::chrono::steady_clock::now();
   supervisor::Snapshot snap;
   const auto my_specs = state.tensor_specs();
   std::string header;
-  if (rank() == 0) {
+  if (rank() == root) {
     state.snapshot(snap);
     header =
         json{{"step", snap.step}, {"metadata", snap.metadata}, {"specs", specs_json(snap.specs)}}
             .dump();
   }
-  broadcast_string(*comm_, header, timeout);
+  broadcast_string(group(), header, timeout, root);
   json parsed = json::parse(header);
   // Every rank learns whether some replica runs another model config, so the whole group exits
   // with the usage code (a restart cannot fix it) instead of the chief seeing a lost peer.
   std::string mismatch;
-  if (rank() != 0) {
+  if (rank() != root) {
     const json theirs = parsed["specs"];
     const json mine = specs_json(my_specs);
     for (size_t i = 0; i < std::max(theirs.size(), mine.size()); ++i) {
       const json a = i < theirs.size() ? theirs[i] : json();
       const json b = i < mine.size() ? mine[i] : json();
       if (a != b) {
-        mismatch = "rank " + std::to_string(rank()) + " cannot take the chief's state: tensor " +
-                   std::to_string(i) + " is " + a.dump() + " on the chief but " + b.dump() +
-                   " here. Every replica must run the same model config";
+        mismatch = "rank " + std::to_string(rank()) + " cannot take rank " + std::to_string(root) +
+                   "'s state: tensor " + std::to_string(i) + " is " + a.dump() + " there but " +
+                   b.dump() + " here. Every replica must run the same model config";
         break;
       }
     }
   }
   int64_t worst = mismatch.empty() ? 0 : rank() + 1;
-  comm_->allreduce_max(std::span<int64_t>(&worst, 1));
+  group().allreduce_max(std::span<int64_t>(&worst, 1));
   if (!mismatch.empty()) throw InvalidArgument(mismatch);
   if (worst != 0) {
     throw InvalidArgument("rank " + std::to_string(worst - 1) +
-                          " runs another model config than rank " + std::to_string(rank()) +
+                          " runs another model config than rank " + std::to_string(root) +
                           " (its log names the first differing tensor). Every replica must run "
                           "the same model config");
   }
-  if (rank() != 0) {
+  if (rank() != root) {
     snap.reshape(my_specs);
     snap.step = parsed["step"].get<int64_t>();
     snap.metadata = parsed["metadata"].get<std::map<std::string, std::string>>();
   }
-  for (auto& buffer : snap.buffers) comm_->broadcast(buffer, 0);
-  if (rank() != 0) {
+  for (auto& buffer : snap.buffers) group().broadcast(buffer, root);
+  if (rank() != root) {
     SnapshotSource source(snap);
     state.restore(source);
   }
   LH_LOG(INFO)
-      << "replicas synchronised from the chief" << kv("rank", rank()) << kv("step", snap.step)
-      << kv("tensors", snap.buffers.size())
+      << "replicas synchronised" << kv("rank", rank()) << kv("from_rank", root)
+      << kv("step", snap.step) << kv("tensors", snap.buffers.size())
       << kv("seconds",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
@@ -159,7 +174,7 @@ void DataParallel::check_gradient_plan(model::LanguageModel& model) {
   const int64_t limit = overlap ? static_cast<int64_t>(bucket_limit(static_cast<size_t>(n))) : 0;
   std::vector<int64_t> plan{overlap, -overlap, limit, -limit, n, -n};
   quiesce();
-  comm_->allreduce_max(plan);
+  group().allreduce_max(plan);
   if (plan[0] != -plan[1] || plan[2] != -plan[3] || plan[4] != -plan[5]) {
     throw InvalidArgument(
         "rank " + std::to_string(rank()) + " would all-reduce gradients differently from " +
@@ -190,6 +205,8 @@ void DataParallel::start_gradient_averaging(model::LanguageModel& model) {
     queue_base_ = grads.data();
     queue_scale_ = 1.0f / static_cast<float>(world_size());
     stop_ = false;
+    kill_after_bucket_ =
+        kill_mid_allreduce_at_ > 0 && averaged_steps_ + 1 == kill_mid_allreduce_at_;
   }
   if (!comm_thread_.joinable()) comm_thread_ = std::thread([this] { communication_loop(); });
   model.set_gradient_ready_callback(
@@ -274,6 +291,13 @@ void DataParallel::communication_loop() {
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     lock.lock();
+    if (kill_after_bucket_ && !error && !failed) {
+      // Test-only fault injection (data_parallel.h): die between two buckets of a step, while
+      // the peers are inside the next all-reduce with this replica.
+      LH_LOG(WARNING) << "LONGHAUL_TEST_KILL_MID_ALLREDUCE: killing this replica mid-all-reduce"
+                      << kv("rank", rank_);
+      ::kill(::getpid(), SIGKILL);
+    }
     busy_seconds_ += seconds;
     if (error && !comm_error_) comm_error_ = error;
     ++completed_buckets_;
@@ -350,14 +374,14 @@ void DataParallel::allreduce_whole(model::LanguageModel& model) {
   const auto start = std::chrono::steady_clock::now();
   std::span<float> grads = model.gradients_flat();
   if (model.device_name() == "cpu") {
-    comm_->allreduce_sum(grads);
+    group().allreduce_sum(grads);
     const float scale = 1.0f / static_cast<float>(world_size());
     for (float& g : grads) g *= scale;
   } else if (device_ || nccl_available()) {
     // A CUDA model: NCCL, created at the first step on the training thread (whose current
     // device is the model's), bootstrapped over this group's communicator.
     if (!device_) {
-      device_ = make_nccl_allreduce(*comm_, -1, options_.device_timeout);
+      device_ = make_nccl_allreduce(group(), -1, options_.device_timeout);
       verify_device_allreduce(*device_, rank(), world_size());  // selfcheck: before any update
     }
     device_->allreduce_mean(grads.data(), grads.size());
@@ -373,6 +397,14 @@ void DataParallel::allreduce_whole(model::LanguageModel& model) {
   busy_seconds_ += seconds;
 }
 
+Communicator& DataParallel::group() {
+  if (!comm_) {
+    throw PeerLost("rank " + std::to_string(rank()) +
+                   ": the data-parallel group is gone (the last regroup did not complete)");
+  }
+  return *comm_;
+}
+
 double DataParallel::allreduce_busy_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
   return busy_seconds_;
@@ -381,17 +413,108 @@ double DataParallel::allreduce_busy_seconds() const {
 bool DataParallel::any_stop(bool local_stop) {
   if (world_size() == 1) return local_stop;
   quiesce();
-  int64_t flag = local_stop ? 1 : 0;
-  comm_->allreduce_max(std::span<int64_t>(&flag, 1));
-  if (flag != 0 && !local_stop) stop_by_peer_ = true;
-  return flag != 0;
+  std::vector<int64_t> flags(static_cast<size_t>(world_size()), 0);
+  flags[static_cast<size_t>(rank())] = local_stop ? 1 : 0;
+  group().allreduce_max(flags);
+  std::vector<int> leaving;
+  for (int r = 0; r < world_size(); ++r) {
+    if (flags[static_cast<size_t>(r)] != 0) leaving.push_back(r);
+  }
+  if (leaving.empty()) return false;
+  const bool everyone = static_cast<int>(leaving.size()) == world_size();
+  if (local_stop || everyone || !regroup_enabled_) {
+    if (!local_stop) stop_by_peer_ = true;
+    return true;
+  }
+  // Some replicas leave (a preemption notice): the others regroup at once.
+  throw PeerLost("rank(s) " + rank_names(leaving) +
+                 " left the data-parallel group (a stop was requested there, e.g. a preemption "
+                 "SIGTERM) at step boundary; regrouping without them");
+}
+
+StateSource DataParallel::agree_state_source(std::optional<int64_t> completed_step) {
+  StateSource source;
+  if (world_size() == 1) {
+    source.step = completed_step.value_or(-1);
+    source.survivors = completed_step.has_value();
+    return source;
+  }
+  quiesce();
+  std::vector<int64_t> steps(static_cast<size_t>(world_size()), -2);
+  steps[static_cast<size_t>(rank())] = completed_step.value_or(-1);
+  group().allreduce_max(steps);
+  for (int r = 0; r < world_size(); ++r) {
+    const int64_t s = steps[static_cast<size_t>(r)];
+    if (s >= 0) source.survivors = true;
+    if (s > source.step) {
+      source.step = s;
+      source.root = r;
+    }
+  }
+  if (!source.survivors) source.root = 0;
+  return source;
+}
+
+void DataParallel::set_regroup(RendezvousOptions options, double timeout_secs) {
+  regroup_options_ = std::move(options);
+  regroup_options_.regroup = true;
+  regroup_options_.max_wait_secs = timeout_secs;
+  regroup_enabled_ = true;
+}
+
+bool DataParallel::regroup(supervisor::TrainingState& state) {
+  if (!regroup_enabled_) throw FailedPrecondition("regroup called without set_regroup");
+  const auto start = std::chrono::steady_clock::now();
+  // 1. Drop the broken group: joining the communication thread first (it fails or finishes its
+  // bucket within the collective timeout), then closing every socket so that peers still blocked
+  // in a collective with this replica fail now rather than after their collective timeout.
+  if (overlap_model_ != nullptr) {
+    overlap_model_->set_gradient_ready_callback({});
+    overlap_model_ = nullptr;
+  }
+  pending_ = {};
+  stop_communication_thread();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    comm_error_ = nullptr;
+    stop_ = false;
+  }
+  comm_.reset();
+  device_.reset();        // an NCCL communicator was bootstrapped over the old group
+  plan_checked_ = false;  // a replacement checks the gradient plan at its first step: so do we
+  LH_LOG(WARNING) << "regrouping: waiting for the lost replica's replacement" << kv("rank", rank())
+                  << kv("step", state.global_step())
+                  << kv("regroup_timeout_secs", regroup_options_.max_wait_secs);
+  // 2. A new generation with the replacement, bounded by the regroup timeout.
+  try {
+    comm_ = rendezvous(regroup_options_);
+  } catch (const DeadlineExceeded& e) {
+    LH_LOG(ERROR) << "the data-parallel group could not be re-formed within "
+                     "supervisor.regroup_timeout_secs"
+                  << kv("rank", rank()) << kv("step", state.global_step()) << kv("error", e.what());
+    return false;
+  } catch (const Aborted&) {
+    throw PeerLost("a peer was lost while the group re-formed; regrouping again");
+  }
+  // 3-4. Agree on the state to continue from and hand it to everyone.
+  const StateSource source = agree_state_source(state.global_step());
+  const auto wait = std::chrono::milliseconds(static_cast<int64_t>(
+      (regroup_options_.max_wait_secs + regroup_options_.collective_timeout_secs) * 1000));
+  broadcast_state(state, wait, source.root);
+  ++regroups_;
+  LH_LOG(WARNING)
+      << "regrouped: training continues in place" << kv("rank", rank()) << kv("step", source.step)
+      << kv("state_from_rank", source.root)
+      << kv("seconds",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return true;
 }
 
 double DataParallel::mean_over_ranks(double value) {
   if (world_size() == 1) return value;
   quiesce();
   float v = static_cast<float>(value);
-  comm_->allreduce_sum(std::span<float>(&v, 1));
+  group().allreduce_sum(std::span<float>(&v, 1));
   return static_cast<double>(v) / world_size();
 }
 

@@ -298,6 +298,13 @@ class ArrivalBoard {
   }
 
   void open_as_chief() {
+    if (o_.regroup) {  // a surviving chief: a new generation in the folder as it is
+      file::ensure_writable_directory(dir_, "rendezvous folder");
+      generation_ = random_id();
+      file::write_atomically(dir_ / kGenerationFile, generation_);
+      write_arrival();
+      return;
+    }
     std::error_code ec;
     // Stale attempt folders and anything left in ours by an earlier run with the same attempt.
     if (fs::exists(dir_.parent_path(), ec)) {

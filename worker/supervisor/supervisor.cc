@@ -184,6 +184,16 @@ void Supervisor::check_ready(const TrainingState& state, std::string_view how) {
 }
 
 void Supervisor::prepare_chief(TrainingState& state) {
+  if (options_.state_from_peers) {
+    options_.state_from_peers(state);
+    LH_LOG(INFO) << "took the state of the running replicas; no checkpoint read"
+                 << kv("step", state.global_step());
+    if (options_.local_init_fn) options_.local_init_fn(state);
+    check_ready(state, "receiving the state from the running replicas");
+    file::write_atomically(options_.logdir / kChiefReadyFile,
+                           "step: " + std::to_string(state.global_step()) + "\n");
+    return;
+  }
   std::vector<std::filesystem::path> skipped;
   auto reader = manager_->latest_valid(&skipped);
   if (reader) {
@@ -216,6 +226,14 @@ void Supervisor::prepare_chief(TrainingState& state) {
 }
 
 void Supervisor::prepare_non_chief(TrainingState& state) {
+  if (options_.state_from_peers) {
+    options_.state_from_peers(state);
+    LH_LOG(INFO) << "took the state of the running replicas; no checkpoint read"
+                 << kv("step", state.global_step());
+    if (options_.local_init_fn) options_.local_init_fn(state);
+    check_ready(state, "receiving the state from the running replicas");
+    return;
+  }
   using Clock = Coordinator::Clock;
   const auto deadline = Clock::now() + seconds(options_.max_wait_secs);
   while (true) {
@@ -246,6 +264,8 @@ void Supervisor::prepare_non_chief(TrainingState& state) {
     check_compatible(state.tensor_specs(), *reader);
     state.restore(*reader);
     restored_step_ = state.global_step();
+    LH_LOG(INFO) << "restored checkpoint" << kv("path", reader->path())
+                 << kv("step", *restored_step_);
     const RestoredCheckpoint restored =
         describe_restored(reader_manager, reader->path(), *restored_step_);
     for (auto* l : options_.checkpoint_listeners) l->on_restored(restored);

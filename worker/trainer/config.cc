@@ -302,6 +302,13 @@ const std::vector<Field>& schema() {
     f.push_back(double_field(
         "supervisor.stop_grace_secs",
         [](WorkerConfig & c) -> auto& { return c.supervisor.stop_grace_secs; }, 0, kMaxSecs));
+    f.push_back(string_field("supervisor.on_peer_loss",
+                             [](WorkerConfig & c) -> auto& { return c.supervisor.on_peer_loss; },
+                             {"regroup", "exit"}));
+    f.push_back(double_field(
+        "supervisor.regroup_timeout_secs",
+        [](WorkerConfig & c) -> auto& { return c.supervisor.regroup_timeout_secs; }, 0, kMaxSecs,
+        true));
     f.push_back(bool_field(
         "cuda.self_check", [](WorkerConfig & c) -> auto& { return c.cuda.self_check; }));
     f.push_back(string_field(

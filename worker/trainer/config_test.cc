@@ -106,6 +106,20 @@ TEST_F(ConfigTest, DuplicateKeysAndSectionsAreRefusedNamingBothLines) {
   EXPECT_NE(section.find("training is given twice (lines 1 and 4)"), std::string::npos) << section;
 }
 
+// Recovery in place (worker/dist): the policy on a lost peer and how long survivors wait.
+TEST_F(ConfigTest, PeerLossPolicyAndRegroupTimeoutAreValidated) {
+  WorkerConfig c =
+      load_config(write("supervisor: {on_peer_loss: regroup, regroup_timeout_secs: 45}\n"));
+  EXPECT_EQ(c.supervisor.on_peer_loss, "regroup");
+  EXPECT_DOUBLE_EQ(c.supervisor.regroup_timeout_secs, 45);
+  const std::string policy = error("supervisor: {on_peer_loss: wait}\n");
+  EXPECT_NE(policy.find("supervisor.on_peer_loss"), std::string::npos) << policy;
+  EXPECT_NE(policy.find("regroup"), std::string::npos) << policy;
+  EXPECT_NE(policy.find("exit"), std::string::npos) << policy;
+  const std::string zero = error("supervisor: {regroup_timeout_secs: 0}\n");
+  EXPECT_NE(zero.find("supervisor.regroup_timeout_secs"), std::string::npos) << zero;
+}
+
 // Regression: messages that named no key or told nothing useful.
 TEST_F(ConfigTest, UnclearValueMessagesNameTheKeyAndWhatIsAllowed) {
   const std::string seed = error("training: {seed: -1}\n");

@@ -291,6 +291,8 @@ RunResult run_training(const RunOptions& options) {
   so.keep_checkpoint_every_n_hours = config.checkpoint.keep_checkpoint_every_n_hours;
   so.summaries_enabled = config.summaries.every_steps > 0;
   so.checkpoint_listeners = options.checkpoint_listeners;
+  so.state_from_peers = options.receive_state;
+  const bool from_peers = static_cast<bool>(options.receive_state);
   bool pretrained = false;
   if (!config.checkpoint.init_from.empty()) {
     so.init_fn = [&](supervisor::TrainingState&) {
@@ -331,7 +333,7 @@ RunResult run_training(const RunOptions& options) {
   const int64_t summary_every = config.summaries.every_steps;
   const int64_t eval_every = config.eval.every_steps;
   sv.managed_session(trainer, [&](supervisor::Supervisor& sv) {
-    if (options.sync_state) options.sync_state(trainer);
+    if (options.sync_state && !from_peers) options.sync_state(trainer);
     const int64_t start_step = trainer.global_step();
     result.restored_step = sv.restored_step();
     if (sv.restored_step() && !trainer.restored_numerics().empty() &&
@@ -346,12 +348,13 @@ RunResult run_training(const RunOptions& options) {
     {
       const auto& mc = trainer.model().config();
       std::ostringstream head;
-      head << "longhaul-worker: " << (sv.restored_step() ? "resuming" : "starting") << " at step "
-           << start_step << "/" << t.max_steps << " | model " << config.model.preset << " ("
-           << mc.to_string() << ", " << trainer.model().num_parameters() << " params) on "
-           << trainer.model().device_name() << " | data "
-           << (config.data.train.empty() ? "<embedded corpus>" : config.data.train) << " | "
-           << trainer.tokens_per_step() << " tokens/step (" << trainer.accumulation_steps()
+      head << "longhaul-worker: " << (sv.restored_step() || from_peers ? "resuming" : "starting")
+           << " at step " << start_step << "/" << t.max_steps
+           << (from_peers ? " (state from the running replicas, no checkpoint read)" : "")
+           << " | model " << config.model.preset << " (" << mc.to_string() << ", "
+           << trainer.model().num_parameters() << " params) on " << trainer.model().device_name()
+           << " | data " << (config.data.train.empty() ? "<embedded corpus>" : config.data.train)
+           << " | " << trainer.tokens_per_step() << " tokens/step (" << trainer.accumulation_steps()
            << " micro-batches of " << t.batch_size << "x" << t.seq_len << ")"
            << (pretrained ? " | initialised from " + config.checkpoint.init_from : "")
            << " | logdir " << options.logdir.string() << "\n";
@@ -391,8 +394,40 @@ RunResult run_training(const RunOptions& options) {
     auto stopping = [&] {
       return options.agree_stop ? options.agree_stop(sv.should_stop()) : sv.should_stop();
     };
-    while (!stopping() && trainer.global_step() < t.max_steps) {
-      StepStats s = trainer.train_step();
+    // Recovery in place after a failed collective (see RunOptions::regroup). Bounded: a group
+    // that cannot be re-formed within the regroup callback's own timeout gives up.
+    enum class Recovery { kRegrouped, kGaveUp, kStopped };
+    auto recover = [&](const Aborted& lost) {
+      LH_LOG(WARNING) << "a peer was lost; recovering in place" << kv("step", trainer.global_step())
+                      << kv("error", lost.what());
+      while (true) {
+        try {
+          return options.regroup(trainer) ? Recovery::kRegrouped : Recovery::kGaveUp;
+        } catch (const Aborted& again) {
+          LH_LOG(WARNING) << "a peer was lost again while regrouping" << kv("error", again.what());
+        } catch (const Cancelled& e) {
+          LH_LOG(INFO) << "stop requested while regrouping" << kv("reason", e.what());
+          return Recovery::kStopped;
+        }
+      }
+    };
+    while (true) {
+      StepStats s;
+      try {
+        if (stopping() || trainer.global_step() >= t.max_steps) break;
+        s = trainer.train_step();
+      } catch (const Aborted& lost) {
+        if (!options.regroup) throw;
+        const Recovery r = recover(lost);
+        if (r == Recovery::kRegrouped) {
+          ++result.regroups;
+          continue;
+        }
+        result.regroup_failed = r == Recovery::kGaveUp;
+        // The last completed step is committed as the session's final checkpoint (chief).
+        sv.request_stop();
+        break;
+      }
       result.skipped_steps = s.skipped_total;
       if (s.skipped) {
         // Logged at the step's index like the training scalars; counted in metrics by on_step.

@@ -412,62 +412,77 @@ StepStats Trainer::train_step() {
   // Where the step's data starts, to give it back if the step is abandoned (only kept when a
   // stop check can abandon it, and only for accumulated steps: a one-micro-batch step checks
   // before reading anything).
+  // Data-parallel replicas also keep it always: a lost peer abandons the step (below).
   std::string step_start_position;
-  if (stop_check_ && accumulation_steps_ > 1) step_start_position = train_->position_json();
-  for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
-    if (stop_check_) {
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double per_micro = micro == 0 ? 0 : elapsed / static_cast<double>(micro);
-      const double left = per_micro * static_cast<double>(accumulation_steps_ - micro);
-      if (stop_check_(left)) {
-        if (!step_start_position.empty()) train_->restore(step_start_position);
-        model_->zero_grad();
-        const std::string why = "stop requested inside step " + std::to_string(global_step() + 1) +
-                                " after " + std::to_string(micro) + " of " +
-                                std::to_string(accumulation_steps_) +
-                                " micro-batches: the step was abandoned; the state of step " +
-                                std::to_string(global_step()) + " is kept";
-        LH_LOG(WARNING) << why;
-        throw Cancelled(why);
-      }
-    }
-    if (micro == 1 && !warned_step_time_) {  // after one micro-batch: the step's time is known
-      warned_step_time_ = true;
-      const double per_micro =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double step_secs = per_micro * static_cast<double>(accumulation_steps_);
-      if (step_secs > 86400) {
-        LH_LOG(WARNING) << "one optimizer step will take more than a day at the measured rate ("
-                        << accumulation_steps_ << " micro-batches of " << per_micro
-                        << " s): lower training.total_batch_tokens"
-                        << kv("estimated_step_hours", step_secs / 3600);
-      }
-    }
-    data::Batch batch = train_->next();
-    batch.to_int32(inputs_, targets_);
-    if (micro == accumulation_steps_ - 1 && last_backward_hook_) last_backward_hook_(*model_);
-    try {
-      loss_sum += model_->forward_backward(inputs_.data(), targets_.data(), B, T, scale);
-    } catch (const InvalidArgument& e) {
-      throw DataError(Code::kInvalidArgument, "bad batch from " + std::string(batch.source) + ": " +
-                                                  e.what() +
-                                                  "; the data does not fit model.vocab_size " +
-                                                  std::to_string(model_->config().vocab_size));
-    }
+  if ((stop_check_ && accumulation_steps_ > 1) || gradient_hook_) {
+    step_start_position = train_->position_json();
   }
+  // A collective that fails (a lost peer: Aborted) abandons the step before anything is
+  // applied: the data loader goes back to where the step started and the gradients are
+  // cleared, so this replica holds exactly the state of its last completed step, which a
+  // regroup may hand to a replacement (worker/dist, "Recovery in place").
   StepStats stats;
-  stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
   const int64_t step = global_step();
-  if (inject_nan_at_step_ == step + 1) {
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    backend_cuda::copy_from_host(*model_, std::span<const float>(&nan, 1),
-                                 model_->gradients_flat().subspan(0, 1));
+  try {
+    for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
+      if (stop_check_) {
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double per_micro = micro == 0 ? 0 : elapsed / static_cast<double>(micro);
+        const double left = per_micro * static_cast<double>(accumulation_steps_ - micro);
+        if (stop_check_(left)) {
+          if (!step_start_position.empty()) train_->restore(step_start_position);
+          model_->zero_grad();
+          const std::string why =
+              "stop requested inside step " + std::to_string(global_step() + 1) + " after " +
+              std::to_string(micro) + " of " + std::to_string(accumulation_steps_) +
+              " micro-batches: the step was abandoned; the state of step " +
+              std::to_string(global_step()) + " is kept";
+          LH_LOG(WARNING) << why;
+          throw Cancelled(why);
+        }
+      }
+      if (micro == 1 && !warned_step_time_) {  // after one micro-batch: the step's time is known
+        warned_step_time_ = true;
+        const double per_micro =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double step_secs = per_micro * static_cast<double>(accumulation_steps_);
+        if (step_secs > 86400) {
+          LH_LOG(WARNING) << "one optimizer step will take more than a day at the measured rate ("
+                          << accumulation_steps_ << " micro-batches of " << per_micro
+                          << " s): lower training.total_batch_tokens"
+                          << kv("estimated_step_hours", step_secs / 3600);
+        }
+      }
+      data::Batch batch = train_->next();
+      batch.to_int32(inputs_, targets_);
+      if (micro == accumulation_steps_ - 1 && last_backward_hook_) last_backward_hook_(*model_);
+      try {
+        loss_sum += model_->forward_backward(inputs_.data(), targets_.data(), B, T, scale);
+      } catch (const InvalidArgument& e) {
+        throw DataError(Code::kInvalidArgument, "bad batch from " + std::string(batch.source) +
+                                                    ": " + e.what() +
+                                                    "; the data does not fit model.vocab_size " +
+                                                    std::to_string(model_->config().vocab_size));
+      }
+    }
+    stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
+    if (inject_nan_at_step_ == step + 1) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      backend_cuda::copy_from_host(*model_, std::span<const float>(&nan, 1),
+                                   model_->gradients_flat().subspan(0, 1));
+    }
+    // Data-parallel replicas average gradients here (longhaul/dist), so the norm, clipping and
+    // the optimizer step are identical on every replica.
+    if (gradient_hook_) gradient_hook_(*model_);
+    if (loss_reducer_) stats.loss = loss_reducer_(stats.loss);
+  } catch (const Aborted&) {
+    if (!step_start_position.empty()) train_->restore(step_start_position);
+    model_->zero_grad();
+    LH_LOG(WARNING) << "step abandoned: a collective failed" << kv("step", global_step() + 1)
+                    << kv("state_kept_at_step", global_step());
+    throw;
   }
-  // Data-parallel replicas average gradients here (longhaul/dist), so the norm, clipping and
-  // the optimizer step are identical on every replica.
-  if (gradient_hook_) gradient_hook_(*model_);
-  if (loss_reducer_) stats.loss = loss_reducer_(stats.loss);
   const float norm = model_->gradient_norm();
   const double lr = learning_rate_at(step);
   // The watchdog judges the step before anything is applied (watchdog.h).

@@ -24,6 +24,14 @@
 //   After max_wait_secs without all ranks, rendezvous() throws DeadlineExceeded naming the
 //   ranks that never arrived ("rank 0 (chief 0)" when the chief never wrote a generation).
 //
+// Regroup (RendezvousOptions::regroup, data_parallel.h "Recovery in place"): survivors of a lost
+// peer meet again in the SAME folder. The surviving chief opens a new generation without
+// clearing the folder (so nothing a replacement or a slower survivor already wrote is lost); a
+// surviving non-chief's new arrival identity differs from the one its old arrival file holds, so
+// it ignores the old generation and waits for the next, exactly like a replacement replica
+// (a fresh process that runs the ordinary rendezvous). A replacement chief is a fresh rank 0: it
+// clears the folder and opens a generation as at any start, and the survivors follow it.
+//
 // Failure semantics of every collective: a peer that died (its sockets closed) is noticed at
 // once; a peer that hangs or a cut network is noticed after collective_timeout_secs. Either way
 // the collective throws Aborted naming the operation and the peers, and the communicator is
@@ -84,6 +92,8 @@ struct RendezvousOptions {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
   // Polled while waiting; returning true abandons the rendezvous with Cancelled (a SIGTERM).
   std::function<bool()> cancelled;
+  // A survivor meeting again after a lost peer: the chief keeps the folder's files (see above).
+  bool regroup = false;
 };
 
 // Forms the group (see the top of this file). world_size 1 returns a communicator whose

@@ -44,10 +44,38 @@
 //   - CUDA models: NCCL (ncclAvg) over the whole buffer after the backward pass when the build
 //     has it (nccl.h), otherwise FailedPrecondition; start_gradient_averaging does nothing.
 //
-// any_stop: an all-reduce (max) of one flag per step, so a stop requested on any rank (SIGTERM
-// on one pod, max_steps) ends every rank at the same step; the chief then commits the final
-// checkpoint. stop_requested_by_peer() tells a rank that stopped only because another did (it
-// exits 138 so the group restarts, instead of 0 which would read as "finished").
+// any_stop: an all-reduce (max) of one flag per rank per step (world_size integers). Without
+// regroup, a stop requested on any rank (SIGTERM on one pod) ends every rank at the same step;
+// the chief then commits the final checkpoint. stop_requested_by_peer() tells a rank that
+// stopped only because another did (it exits 138 so the group restarts, instead of 0 which would
+// read as "finished"). With regroup (set_regroup), a stop on SOME ranks is a notice that they
+// leave (a preempted pod's SIGTERM): they return true and stop, and every other rank gets
+// PeerLost at once, naming them, and regroups without waiting for any timeout. A stop on every
+// rank stops all, as without regroup.
+//
+// Recovery in place (regroup): when a collective throws (Aborted: a peer died, hung past the
+// collective timeout, or left), the training loop abandons the step in flight (Trainer keeps
+// the state of the last step it completed) and calls regroup(state):
+//   1. the communication thread is joined and the communicator destroyed, which closes every
+//      socket of this replica, so a peer still blocked in a collective with us fails at once
+//      instead of after the collective timeout;
+//   2. a new rendezvous in the same folder (RendezvousOptions::regroup): the survivors and a
+//      replacement of the lost rank (a fresh process with the same rank and attempt) form a new
+//      generation; waiting is bounded by the regroup timeout;
+//   3. agree_state_source: one all-reduce (max) of world_size integers, each rank's last
+//      completed step (-1 for a fresh replica). The state source is the lowest rank with the
+//      highest step. Every step's collectives (gradients, then the loss mean) complete on all
+//      ranks before anyone applies the update, and no rank can start step s+2's collectives
+//      before every rank finished step s+1's, so the survivors' steps differ by at most one and
+//      a rank at the higher step holds exactly what an uninterrupted run holds there. The
+//      others catch up from it: no step is lost or redone, and no step costs anything extra
+//      (the only per-step price is the world_size-integer stop agreement, and the Trainer's
+//      copy of the data position at the step's start);
+//   4. broadcast_state from that rank (parameters, moments, step, data position) to everyone.
+// It returns false when the group could not be formed within the regroup timeout (the caller
+// then commits a final checkpoint on the chief and exits 138), throws Cancelled when a stop was
+// requested while waiting, and Aborted when a peer is lost again during the regroup itself (the
+// caller simply regroups again).
 //
 // Errors: every collective throws Aborted when a peer is lost (see communicator.h); after that
 // the group is unusable. The communication thread is started by the first overlapped step and
@@ -65,16 +93,33 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "longhaul/base/error.h"
 #include "longhaul/dist/communicator.h"
 #include "longhaul/model/language_model.h"
 #include "longhaul/supervisor/training_state.h"
 
 namespace longhaul::dist {
+
+// A collective failed because a peer is gone (died, hung, or announced that it leaves). The
+// group is unusable; with regroup the survivors form a new one (see above).
+class PeerLost : public Aborted {
+ public:
+  using Aborted::Aborted;
+};
+
+// Which replica's state the group continues from after a (re)formation: see
+// agree_state_source.
+struct StateSource {
+  int root = 0;            // the rank whose state every rank takes
+  int64_t step = -1;       // its last completed step; -1: no replica holds state (a fresh start)
+  bool survivors = false;  // some replica kept its state (a regroup, not a fresh group)
+};
 
 // All-reduce over device memory (NCCL); see nccl.h.
 class DeviceAllreduce {
@@ -110,14 +155,30 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  int rank() const { return comm_->rank(); }
-  int world_size() const { return comm_->world_size(); }
-  Communicator& communicator() { return *comm_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Communicator& communicator() { return group(); }
 
   // See above. `timeout` bounds the wait for rank 0 (it may still be restoring a large
   // checkpoint when the others arrive); zero: the collective timeout.
+  // `root` is the rank whose state every rank takes (0 at a fresh start; after a regroup, the
+  // StateSource's root).
   void broadcast_state(supervisor::TrainingState& state,
-                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+                       int root = 0);
+  // Every rank gives its last completed step, or nullopt when it holds no state yet (a fresh
+  // process); all get the same answer (see above). One all-reduce of world_size integers.
+  StateSource agree_state_source(std::optional<int64_t> completed_step);
+
+  // Enables recovery in place: `options` re-forms the group (its regroup flag and max_wait_secs
+  // are set from here; max_wait_secs = timeout_secs) and any_stop treats a stop on some ranks
+  // as their leaving.
+  void set_regroup(RendezvousOptions options, double timeout_secs);
+  bool regroup_enabled() const { return regroup_enabled_; }
+  // See "Recovery in place" above. `state` must hold this replica's last completed step.
+  bool regroup(supervisor::TrainingState& state);
+  // Successful regroups so far (tests, logs).
+  int64_t regroups() const { return regroups_; }
   // Call right before the forward_backward of a step's last micro-batch (see above); the model
   // must stay alive until average_gradients. Does nothing for one replica, a CUDA model, a model
   // that does not report per layer, or with overlap off.
@@ -164,9 +225,15 @@ class DataParallel {
   // Waits for buckets in flight so the training thread may use the communicator.
   void quiesce();
   void allreduce_whole(model::LanguageModel& model);
+  // The live communicator; PeerLost when there is none (a regroup failed).
+  Communicator& group();
 
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> comm_;  // null between a failed regroup and the next one
   DataParallelOptions options_;
+  int rank_ = 0, world_size_ = 1;  // fixed for the life of the group, across regroups
+  bool regroup_enabled_ = false;
+  RendezvousOptions regroup_options_;
+  int64_t regroups_ = 0;
   std::unique_ptr<DeviceAllreduce> device_;
   bool stop_by_peer_ = false;
   double allreduce_seconds_ = 0;
@@ -196,6 +263,11 @@ class DataParallel {
   std::exception_ptr comm_error_;    // guarded by mu_: the first failure of the thread
   bool stop_ = false;                // guarded by mu_
   double busy_seconds_ = 0;          // guarded by mu_
+  // Test-only: LONGHAUL_TEST_KILL_MID_ALLREDUCE=k (read at construction) makes this process
+  // SIGKILL itself after the first gradient bucket of its k-th averaged step (overlapped CPU
+  // path): a replica lost in the middle of a step's all-reduce, for the recovery tests.
+  int64_t kill_mid_allreduce_at_ = 0;
+  bool kill_after_bucket_ = false;  // guarded by mu_
 };
 
 }  // namespace longhaul::dist

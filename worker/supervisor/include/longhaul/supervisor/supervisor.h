@@ -108,6 +108,11 @@ struct SupervisorOptions {
 
   // Pre-trained initialisation; called only when the logdir has no valid checkpoint.
   std::function<void(TrainingState&)> init_fn;
+  // A replacement replica joining a running data-parallel group (worker/dist, "Recovery in
+  // place"): when set, the session takes the state from the running replicas by calling this
+  // instead of restoring a checkpoint or initialising (chief and non-chief alike; a non-chief
+  // does not wait for the chief's marker). No checkpoint is read; init_fn is not called.
+  std::function<void(TrainingState&)> state_from_peers;
   // Readiness check: names of what is not initialised; default state.uninitialized().
   std::function<std::vector<std::string>(const TrainingState&)> ready_check;
   // Called after restore/initialisation on every replica (TF's local_init_op).

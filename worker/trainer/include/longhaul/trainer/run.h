@@ -77,6 +77,18 @@ struct RunOptions {
   // After each step, with this replica's loss; returns the mean over replicas, which is what the
   // progress line, the `loss` scalar and the metrics show.
   std::function<double(double local_loss)> average_loss;
+  // A replacement joining a running group: the session takes its state from the running
+  // replicas through this (SupervisorOptions::state_from_peers) instead of a checkpoint, and
+  // sync_state is not called.
+  std::function<void(supervisor::TrainingState&)> receive_state;
+  // Recovery in place: called on the training thread when a collective fails (Aborted) at a step
+  // boundary or inside a step (which the Trainer abandons, keeping the last completed step).
+  // Returns true once the group is whole again and this replica holds the state the group
+  // continues from; false when it could not be re-formed in time (the loop ends, the chief
+  // commits a final checkpoint, RunResult::regroup_failed is set). Throws Cancelled when a stop
+  // was requested meanwhile, Aborted when a peer was lost again (it is called again). Empty: a
+  // failed collective ends the run with Aborted (exit 138).
+  std::function<bool(supervisor::TrainingState&)> regroup;
 };
 
 struct RunResult {
@@ -85,7 +97,9 @@ struct RunResult {
   int signal = 0;                        // SIGTERM/SIGINT that stopped it, or 0
   std::optional<double> last_loss;
   std::optional<double> last_val_loss;
-  int64_t skipped_steps = 0;  // steps the numerical watchdog skipped (training.on_nonfinite)
+  int64_t skipped_steps = 0;    // steps the numerical watchdog skipped (training.on_nonfinite)
+  int64_t regroups = 0;         // lost peers recovered from in place
+  bool regroup_failed = false;  // a lost peer's replacement did not come in time
 };
 
 RunResult run_training(const RunOptions& options);

@@ -112,6 +112,9 @@ class Trainer : public supervisor::TrainingState {
   // Before each micro-batch but the last's backward (see set_stop_check) the step may be
   // abandoned: then the parameters, moments and step are untouched, the data loader is back
   // where the step started (a checkpoint taken now resumes exactly), and Cancelled is thrown.
+  // A collective that fails inside the step (Aborted from the gradient hook or the loss reducer:
+  // a lost peer) abandons it the same way and rethrows: the replica holds the state of its last
+  // completed step.
   //
   // Test-only fault injection: with LONGHAUL_TEST_NAN_GRADIENT_AT_STEP=k in the environment
   // (read at construction), the gradients of global step k get a NaN before the all-reduce and
