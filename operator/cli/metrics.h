@@ -1,6 +1,7 @@
-// The operator's Prometheus metrics (names fixed in notes/COMMON.md), built once at start-up on
-// one registry, with labelled children cached. Served by prometheus-cpp's Exposer on
-// --metrics-port at /metrics.
+// The operator's Prometheus metrics, built once at start-up on one registry, with labelled
+// children cached. Served by prometheus-cpp's Exposer on --metrics-port at /metrics. The chart's
+// Grafana dashboard (charts/longhaul/dashboards/longhaul-operator.json) and README's alert rules
+// use these names.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once

@@ -55,7 +55,8 @@ extern const Resource kTrainingJobs;  // longhaul.dev/v1alpha1
 }  // namespace resources
 
 // An HTTP-level failure from the API server, translated to the project's error kinds:
-// 404 -> NotFoundError (also a longhaul::NotFound), 409 -> ConflictError / AlreadyExistsError,
+// 404 -> NotFoundError (code kNotFound, but not a longhaul::NotFound: catch ApiError or test
+// code()), 409 -> ConflictError / AlreadyExistsError,
 // 410 -> GoneError, 422/400 -> InvalidError, 429/5xx after retries -> Unavailable.
 //
 // what() is "<call>: <server message> (HTTP <code> <reason>)[: <hint>]"; status_message() is the

@@ -1,5 +1,6 @@
-// The interface every training backend implements (CPU here, CUDA later), so the trainer, the
-// checkpointing glue and data-parallel gradient averaging are written once.
+// The interface every training backend implements (CPU in worker/model, CUDA in
+// worker/backend_cuda), so the trainer, the checkpointing glue and data-parallel gradient averaging
+// are written once.
 //
 // Memory contract: parameters, gradients and the two AdamW moments each live in one flat,
 // contiguous fp32 buffer (llm.c style), laid out tensor after tensor in named_parameters()
