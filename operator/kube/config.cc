@@ -10,6 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/strings.h"
 
 namespace longhaul::kube {
 
@@ -29,13 +30,6 @@ std::optional<std::string> read_file(const std::string& path) {
   std::ostringstream out;
   out << in.rdbuf();
   return out.str();
-}
-
-std::string trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t start = 0;
-  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
-  return s.substr(start);
 }
 
 // Standard base64 (RFC 4648) with whitespace ignored; nullopt on an invalid character.
@@ -181,7 +175,7 @@ ClusterConfig load_in_cluster_config(const InClusterPaths& paths) {
   }
   config.tls.ca_file = paths.ca_file;
   if (auto ns = read_file(paths.namespace_file)) {
-    std::string trimmed = trim(*ns);
+    std::string trimmed(trim(*ns));
     if (!trimmed.empty()) config.default_namespace = trimmed;
   }
   return config;
@@ -302,7 +296,7 @@ std::string TokenSource::token() {
     if (!cached_.empty()) return cached_;
     throw NotFound("bearer token file " + token_file_ + " cannot be read");
   }
-  cached_ = trim(*text);
+  cached_ = std::string(trim(*text));
   stamp_ = now;
   return cached_;
 }

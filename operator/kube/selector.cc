@@ -5,18 +5,11 @@
 #include <cctype>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/strings.h"
 
 namespace longhaul::kube {
 
 namespace {
-
-std::string trim(std::string_view s) {
-  size_t b = 0;
-  size_t e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return std::string(s.substr(b, e - b));
-}
 
 bool valid_key(std::string_view key) {
   if (key.empty()) return false;
@@ -33,7 +26,7 @@ std::vector<std::string> split_requirements(std::string_view text) {
   size_t start = 0;
   for (size_t i = 0; i <= text.size(); ++i) {
     if (i == text.size() || (text[i] == ',' && depth == 0)) {
-      out.push_back(trim(text.substr(start, i - start)));
+      out.push_back(std::string(trim(text.substr(start, i - start))));
       start = i + 1;
     } else if (text[i] == '(') {
       ++depth;
@@ -57,15 +50,15 @@ LabelSelector LabelSelector::parse(std::string_view text) {
     if (part.empty()) fail(part, "is empty");
     Requirement req;
     if (part[0] == '!') {
-      req.key = trim(std::string_view(part).substr(1));
+      req.key = std::string(trim(std::string_view(part).substr(1)));
       req.op = Op::kDoesNotExist;
     } else if (auto paren = part.find('('); paren != std::string::npos) {
       if (part.back() != ')') fail(part, "has no closing ')'");
-      std::string head = trim(std::string_view(part).substr(0, paren));
+      std::string head(trim(std::string_view(part).substr(0, paren)));
       auto space = head.find_last_of(" \t");
       if (space == std::string::npos) fail(part, "needs 'in' or 'notin' before '('");
       std::string op = head.substr(space + 1);
-      req.key = trim(std::string_view(head).substr(0, space));
+      req.key = std::string(trim(std::string_view(head).substr(0, space)));
       if (op == "in") {
         req.op = Op::kIn;
       } else if (op == "notin") {
@@ -77,22 +70,22 @@ LabelSelector LabelSelector::parse(std::string_view text) {
       size_t start = 0;
       for (size_t i = 0; i <= inner.size(); ++i) {
         if (i == inner.size() || inner[i] == ',') {
-          std::string value = trim(std::string_view(inner).substr(start, i - start));
+          std::string value(trim(std::string_view(inner).substr(start, i - start)));
           if (!value.empty()) req.values.push_back(value);
           start = i + 1;
         }
       }
       if (req.values.empty()) fail(part, "has an empty value set");
     } else if (auto ne = part.find("!="); ne != std::string::npos) {
-      req.key = trim(std::string_view(part).substr(0, ne));
+      req.key = std::string(trim(std::string_view(part).substr(0, ne)));
       req.op = Op::kNotEquals;
-      req.values.push_back(trim(std::string_view(part).substr(ne + 2)));
+      req.values.push_back(std::string(trim(std::string_view(part).substr(ne + 2))));
     } else if (auto eq = part.find('='); eq != std::string::npos) {
       size_t value_start = eq + 1;
       if (value_start < part.size() && part[value_start] == '=') ++value_start;
-      req.key = trim(std::string_view(part).substr(0, eq));
+      req.key = std::string(trim(std::string_view(part).substr(0, eq)));
       req.op = Op::kEquals;
-      req.values.push_back(trim(std::string_view(part).substr(value_start)));
+      req.values.push_back(std::string(trim(std::string_view(part).substr(value_start))));
     } else {
       req.key = part;
       req.op = Op::kExists;

@@ -14,6 +14,7 @@
 
 #include <longhaul/base/error.h>
 #include <longhaul/base/log.h>
+#include <longhaul/base/strings.h>
 
 namespace longhaul::fakeapi::http {
 namespace {
@@ -25,14 +26,6 @@ std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
-    s.remove_suffix(1);
-  }
-  return s;
 }
 
 int hex_value(char c) {
@@ -292,8 +285,8 @@ bool Connection::read_request(Request& request) {
     std::string_view line = head.substr(pos, next - pos);
     size_t colon = line.find(':');
     if (colon != std::string_view::npos) {
-      request.headers[lower(trim(line.substr(0, colon)))] =
-          std::string(trim(line.substr(colon + 1)));
+      request.headers[lower(trim(line.substr(0, colon), " \t"))] =
+          std::string(trim(line.substr(colon + 1), " \t\r"));
     }
     pos = next + 2;
   }

@@ -3,6 +3,9 @@
 //   fields: "metadata.name=x,status.phase!=Running" (=, ==, != only; the fields a type supports)
 // Parsing errors throw StatusError 400 BadRequest with the API server's wording.
 //
+// Deliberately written apart from the operator's parser (operator/kube/selector.h), helpers
+// included: the fake server judges the selectors the operator sends, so a shared bug would pass.
+//
 // Thread-safety: immutable after parsing; matches() is const and safe from many threads.
 #pragma once
 

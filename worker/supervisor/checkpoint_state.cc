@@ -8,6 +8,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
+#include "longhaul/base/strings.h"
 
 namespace longhaul::supervisor {
 namespace {
@@ -57,14 +58,6 @@ std::string format_double(double v) {
   throw DataLoss("checkpoint state file " + std::string(source) + " is garbled at line " +
                  std::to_string(line) + ": " + what +
                  "; it will be rebuilt from the checkpoints in the directory");
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
 }
 
 // Parses a text-format string literal (double or single quoted, C escapes incl. octal/hex).
