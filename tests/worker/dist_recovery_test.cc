@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -54,10 +55,20 @@ std::string tf_config(int rank) {
 }
 
 // What the operator (or the local kubelet) gives a pod: a replacement gets exactly the same.
-std::map<std::string, std::string> replica_env(int rank) {
+std::map<std::string, std::string> replica_env(int rank, int collective_timeout_secs = 60) {
   return {{"TF_CONFIG", tf_config(rank)},
           {"LONGHAUL_RESTART_ATTEMPT", "a0"},
-          {"LONGHAUL_COLLECTIVE_TIMEOUT_SECS", "60"}};
+          {"LONGHAUL_COLLECTIVE_TIMEOUT_SECS", std::to_string(collective_timeout_secs)}};
+}
+
+// Polls `condition` until it holds or `timeout` passes.
+bool eventually(const std::function<bool()>& condition, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(milliseconds(10));  // polls the condition
+  }
+  return condition();
 }
 
 std::map<std::string, std::vector<float>> read_tensors(const fs::path& path) {
@@ -116,7 +127,7 @@ class DistRecoveryTest : public ::testing::Test {
   }
   std::unique_ptr<WorkerProcess> start_rank(const std::string& logdir, int rank,
                                             std::map<std::string, std::string> extra_env = {}) {
-    auto env = replica_env(rank);
+    auto env = replica_env(rank, collective_timeout_secs_);
     for (auto& [k, v] : extra_env) env[k] = v;
     return std::make_unique<WorkerProcess>(train_args(logdir), dir_, dir_, std::move(env));
   }
@@ -133,6 +144,7 @@ class DistRecoveryTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  int collective_timeout_secs_ = 60;
 };
 
 // How a replica is lost.
@@ -222,6 +234,71 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"ChiefKilled", 0, Loss::kKilledBetweenCollectives},
                       Scenario{"WorkerPreempted", 2, Loss::kPreempted}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Two losses in a row: a worker, then (once its replacement trains) the other worker; each
+// replacement joins in place, and the run still ends where an uninterrupted one does.
+TEST_F(DistRecoveryTest, TwoLossesInARowAreBothRecoveredInPlace) {
+  const int64_t steps = 200;
+  write_text(dir_ / "c.yaml", recovery_config(steps, 240));
+  const fs::path reference = reference_run(steps);
+  std::vector<std::unique_ptr<WorkerProcess>> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(start_rank("run", r));
+  ASSERT_TRUE(ranks[0]->wait_for_stdout("step     40/", seconds(240))) << ranks[0]->err();
+  ranks[2]->signal(SIGKILL);
+  ASSERT_EQ(ranks[2]->wait(seconds(60)), 128 + SIGKILL);
+  ranks[2] = start_rank("run", 2);
+  // The first replacement trains (it printed a step after joining), then the other worker goes.
+  ASSERT_TRUE(ranks[2]->wait_for_stdout("state from the running replicas", seconds(240)))
+      << ranks[2]->err();
+  ASSERT_TRUE(ranks[2]->wait_for_stdout(" | loss ", seconds(240))) << ranks[2]->err();
+  ranks[1]->signal(SIGKILL);
+  ASSERT_EQ(ranks[1]->wait(seconds(60)), 128 + SIGKILL);
+  ranks[1] = start_rank("run", 1);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(ranks[r]->wait(seconds(300)), 0) << "rank " << r << ": " << ranks[r]->err();
+    EXPECT_THAT(ranks[r]->err(), Not(HasSubstr("restored checkpoint"))) << "rank " << r;
+  }
+  // The chief regrouped twice, each time without going back.
+  EXPECT_THAT(ranks[0]->err(), HasSubstr("regroups=2"));
+  const auto seen = progress_steps(ranks[0]->out());
+  for (size_t i = 1; i < seen.size(); ++i) ASSERT_GT(seen[i], seen[i - 1]);
+  const fs::path mine = dir_ / "run" / ("model.ckpt-" + std::to_string(steps) + ".safetensors");
+  EXPECT_LE(max_difference(reference, mine), 1e-6);
+}
+
+// The second worker dies while the survivors wait for the first one's replacement: the
+// generation being formed names a dead process, so connecting it fails (after the collective
+// timeout, 5 s here) and everyone — the chief and a replacement that already arrived — moves on
+// to the next generation instead of giving up.
+TEST_F(DistRecoveryTest, ALossDuringTheRegroupIsRecoveredToo) {
+  collective_timeout_secs_ = 5;
+  const int64_t steps = 200;
+  write_text(dir_ / "c.yaml", recovery_config(steps, 240));
+  const fs::path reference = reference_run(steps);
+  std::vector<std::unique_ptr<WorkerProcess>> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(start_rank("run", r));
+  ASSERT_TRUE(ranks[0]->wait_for_stdout("step     40/", seconds(240))) << ranks[0]->err();
+  ranks[2]->signal(SIGKILL);
+  ASSERT_EQ(ranks[2]->wait(seconds(60)), 128 + SIGKILL);
+  ASSERT_TRUE(
+      eventually([&] { return ranks[1]->err().find("regrouping: waiting") != std::string::npos; },
+                 seconds(120)))
+      << ranks[1]->err();
+  ranks[1]->signal(SIGKILL);
+  ASSERT_EQ(ranks[1]->wait(seconds(60)), 128 + SIGKILL);
+  ranks[2] = start_rank("run", 2);
+  ranks[1] = start_rank("run", 1);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(ranks[r]->wait(seconds(300)), 0) << "rank " << r << ": " << ranks[r]->err();
+    EXPECT_THAT(ranks[r]->err(), Not(HasSubstr("restored checkpoint"))) << "rank " << r;
+  }
+  EXPECT_THAT(ranks[1]->out(), HasSubstr("state from the running replicas"));
+  EXPECT_THAT(ranks[2]->out(), HasSubstr("state from the running replicas"));
+  const auto seen = progress_steps(ranks[0]->out());
+  for (size_t i = 1; i < seen.size(); ++i) ASSERT_GT(seen[i], seen[i - 1]);
+  const fs::path mine = dir_ / "run" / ("model.ckpt-" + std::to_string(steps) + ".safetensors");
+  EXPECT_LE(max_difference(reference, mine), 1e-6);
+}
 
 TEST_F(DistRecoveryTest, ReplacementThatNeverComesEndsWithAFinalCheckpointAndExit138) {
   write_text(dir_ / "c.yaml", recovery_config(1'000'000, /*regroup_timeout_secs=*/3));

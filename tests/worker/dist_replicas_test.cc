@@ -28,8 +28,11 @@ using std::chrono::seconds;
 using ::testing::HasSubstr;
 
 // A 1-layer, 32-wide model; `batch_size` sequences of 16 tokens per replica per step.
+// `on_peer_loss`: what survivors do when a peer is lost; these tests check the group restart
+// ("exit"); recovery in place is dist_recovery_test.cc's.
 std::string replica_config(int64_t max_steps, int64_t batch_size, int64_t save_model_steps,
-                           double max_wait_secs = 60, int max_to_keep = 3) {
+                           double max_wait_secs = 60, int max_to_keep = 3,
+                           const std::string& on_peer_loss = "exit") {
   std::ostringstream y;
   y << "model: {preset: tiny, n_layer: 1, n_head: 2, n_embd: 32, context_length: 32}\n"
     << "training: {batch_size: " << batch_size << ", seq_len: 16, max_steps: " << max_steps
@@ -39,7 +42,8 @@ std::string replica_config(int64_t max_steps, int64_t batch_size, int64_t save_m
     << "summaries: {every_steps: 10, save_summaries_secs: 0}\n"
     << "log: {every_steps: 1}\n"
     << "eval: {every_steps: 0, batches: 4}\n"
-    << "supervisor: {recovery_wait_secs: 0.05, max_wait_secs: " << max_wait_secs << "}\n";
+    << "supervisor: {recovery_wait_secs: 0.05, max_wait_secs: " << max_wait_secs
+    << ", on_peer_loss: " << on_peer_loss << "}\n";
   return y.str();
 }
 
@@ -356,6 +360,29 @@ TEST_F(DistReplicasTest, LaunchRestartsTheGroupAfterAKilledReplica) {
   EXPECT_THAT(launch->err(), HasSubstr("restarting the whole group"));
   EXPECT_THAT(launch->out(), HasSubstr("resuming at step"));
   EXPECT_EQ(state_file_latest_step(dir_ / "run"), 400);
+}
+
+// supervisor.on_peer_loss: regroup (the default): launch replaces the lost replica alone and the
+// others recover in place: nobody restarts from a checkpoint.
+TEST_F(DistReplicasTest, LaunchReplacesALostReplicaAloneAndTheOthersKeepTraining) {
+  write_text(dir_ / "l.yaml", replica_config(300, 2, 5, 60, 0, "regroup"));
+  auto launch =
+      start({"launch", "--replicas", "3", "--max-restarts", "1", "--grace-secs", "10", "--",
+             "train", "--config", (dir_ / "l.yaml").string(), "--logdir", (dir_ / "run").string()},
+            {{"LONGHAUL_COLLECTIVE_TIMEOUT_SECS", "60"}});
+  ASSERT_TRUE(eventually([&] { return state_file_latest_step(dir_ / "run").value_or(0) >= 5; },
+                         seconds(60)))
+      << launch->err();
+  auto children = children_of(launch->pid());
+  ASSERT_EQ(children.size(), 3u);
+  ::kill(children.back(), SIGKILL);
+  EXPECT_EQ(launch->wait(seconds(240)), 0) << launch->err();
+  EXPECT_THAT(launch->err(), HasSubstr("starting a replacement that joins the others in place"));
+  EXPECT_THAT(launch->err(), HasSubstr("regrouped: training continues in place"));
+  EXPECT_THAT(launch->err(), ::testing::Not(HasSubstr("restarting the whole group")));
+  EXPECT_THAT(launch->err(), ::testing::Not(HasSubstr("restored checkpoint")));
+  EXPECT_THAT(launch->out(), HasSubstr("state from the running replicas, no checkpoint read"));
+  EXPECT_EQ(state_file_latest_step(dir_ / "run"), 300);
 }
 
 TEST_F(DistReplicasTest, LaunchForwardsSigtermAndReapsEveryChild) {

@@ -66,6 +66,32 @@ dist::DataParallelOptions data_parallel_options(const TrainArgs& args, double ti
   return o;
 }
 
+// Whether `train` with these arguments runs with supervisor.on_peer_loss: regroup (then launch
+// replaces a lost replica alone). The config is the one the replicas load (--config, --set); a
+// config that does not load is left to the replicas to report (exit 2), so this says false.
+bool regroups_on_peer_loss(const std::vector<std::string>& train_args) {
+  std::filesystem::path config;
+  std::vector<std::string> sets;
+  for (size_t i = 1; i < train_args.size(); ++i) {
+    const std::string& a = train_args[i];
+    const bool has_value = i + 1 < train_args.size();
+    if (a == "--config" && has_value) {
+      config = train_args[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      config = a.substr(9);
+    } else if (a == "--set" && has_value) {
+      sets.push_back(train_args[++i]);
+    } else if (a.rfind("--set=", 0) == 0) {
+      sets.push_back(a.substr(6));
+    }
+  }
+  try {
+    return trainer::load_config(config, sets).supervisor.on_peer_loss == "regroup";
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 std::atomic<int> g_evaluator_signal{0};
 extern "C" void on_evaluator_signal(int sig) { g_evaluator_signal.store(sig); }
 
@@ -97,7 +123,23 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   }
   const dist::DataParallelOptions dp_options =
       data_parallel_options(args, o.collective_timeout_secs);
-  auto dp = std::make_unique<dist::DataParallel>(dist::rendezvous(o), dp_options);
+  const bool regroup = run.config.supervisor.on_peer_loss == "regroup";
+  std::unique_ptr<dist::Communicator> comm;
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(o.max_wait_secs * 1000));
+  while (!comm) {
+    try {
+      comm = dist::rendezvous(o);
+    } catch (const Aborted& e) {
+      // A member of the generation died before the mesh was connected (e.g. a second replica
+      // lost while the survivors regroup). With regroup the survivors open a new generation:
+      // join it rather than make the whole group restart.
+      if (!regroup || std::chrono::steady_clock::now() >= give_up) throw;
+      LH_LOG(WARNING) << "a peer was lost while the group formed; joining its next generation"
+                      << kv("rank", o.rank) << kv("error", e.what());
+    }
+  }
+  auto dp = std::make_unique<dist::DataParallel>(std::move(comm), dp_options);
   // The first broadcast waits while the chief restores (a large checkpoint may take minutes).
   const auto first_wait = std::chrono::milliseconds(
       static_cast<int64_t>((o.max_wait_secs + o.collective_timeout_secs) * 1000));
@@ -106,7 +148,7 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
     p->broadcast_state(state, first_wait);
   };
   const auto& sup = run.config.supervisor;
-  if (sup.on_peer_loss == "regroup") {
+  if (regroup) {
     // Recovery in place (dist/data_parallel.h). A fresh process first asks whether it joins
     // replicas that kept their state (it replaces a lost one): then its session takes their
     // state by broadcast instead of reading a checkpoint.
@@ -217,6 +259,7 @@ int run_launch_command(const LaunchArgs& args) {
         "flags (got '" +
         o.args.front() + "')");
   }
+  o.replace_lost_replicas = regroups_on_peer_loss(o.args);
   return dist::run_launch(o).exit_code;
 }
 

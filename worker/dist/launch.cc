@@ -137,13 +137,10 @@ class Launcher {
         spawn(-1, tf_config(addresses_, evaluator_address, "evaluator", 0), attempt_id);
         evaluator_started_ = true;
       }
-      for (int r = 0; r < o_.replicas; ++r) {
-        spawn(r,
-              tf_config(addresses_, evaluator_address, r == 0 ? "chief" : "worker",
-                        r == 0 ? 0 : r - 1),
-              attempt_id);
-      }
-      const std::optional<int> failure = supervise_group();
+      evaluator_address_ = evaluator_address;
+      for (int r = 0; r < o_.replicas; ++r) spawn_replica(r, attempt_id);
+      attempt_id_ = attempt_id;
+      const std::optional<int> failure = supervise_group(result);
       if (forwarded_ != 0) {
         stop_evaluator(SIGTERM);
         result.exit_code = combined_after_signal();
@@ -155,7 +152,7 @@ class Launcher {
         return result;
       }
       const bool retryable = *failure >= 128;
-      if (!retryable || result.restarts >= o_.max_restarts) {
+      if (!retryable || result.restarts + result.replacements >= o_.max_restarts) {
         LH_LOG(ERROR) << (retryable ? "giving up after the last allowed restart"
                                     : "a replica failed permanently; not restarting")
                       << kv("exit_code", *failure) << kv("restarts", result.restarts);
@@ -165,13 +162,21 @@ class Launcher {
       }
       ++result.restarts;
       LH_LOG(WARNING) << "a replica failed with a retryable code; restarting the whole group"
-                      << kv("exit_code", *failure) << kv("restart", result.restarts)
+                      << kv("exit_code", *failure)
+                      << kv("restart", result.restarts + result.replacements)
                       << kv("max_restarts", o_.max_restarts);
       group_.clear();
     }
   }
 
  private:
+  void spawn_replica(int rank, const std::string& attempt_id) {
+    spawn(rank,
+          tf_config(addresses_, evaluator_address_, rank == 0 ? "chief" : "worker",
+                    rank == 0 ? 0 : rank - 1),
+          attempt_id);
+  }
+
   void spawn(int rank, const std::string& config, const std::string& attempt_id) {
     std::vector<std::string> args = child_args(o_.args, rank < 0 ? 0 : rank);
     std::vector<std::string> env_strings;
@@ -210,7 +215,45 @@ class Launcher {
       ::_exit(127);
     }
     children_.push_back(Child{pid, rank, std::nullopt});
-    if (rank >= 0) group_.push_back(children_.size() - 1);
+    if (rank < 0) return;
+    for (size_t& i : group_) {
+      if (children_[i].rank == rank) {  // a replacement takes its predecessor's place
+        i = children_.size() - 1;
+        return;
+      }
+    }
+    group_.push_back(children_.size() - 1);
+  }
+
+  // With replace_lost_replicas: replaces replicas that were lost (killed by a signal or
+  // preempted) while others still run, within the restart budget. True when every failed
+  // replica was replaced (the group goes on).
+  bool replace_lost(LaunchResult& result) {
+    if (!o_.replace_lost_replicas || o_.replicas < 2) return false;
+    std::vector<int> lost;
+    bool others_running = false;
+    for (size_t i : group_) {
+      const auto& c = children_[i];
+      if (!c.code) {
+        others_running = true;
+      } else if (*c.code != 0) {
+        if (*c.code < 128 || *c.code == 138) return false;  // permanent, or the group gave up
+        lost.push_back(c.rank);
+      }
+    }
+    if (lost.empty() || !others_running) return false;
+    if (result.restarts + result.replacements + static_cast<int>(lost.size()) > o_.max_restarts) {
+      return false;
+    }
+    for (int rank : lost) {
+      ++result.replacements;
+      LH_LOG(WARNING) << "a replica was lost; starting a replacement that joins the others in "
+                         "place"
+                      << kv("rank", rank) << kv("replacement", result.replacements)
+                      << kv("max_restarts", o_.max_restarts);
+      spawn_replica(rank, attempt_id_);
+    }
+    return true;
   }
 
   bool group_running() const {
@@ -277,11 +320,12 @@ class Launcher {
   }
 
   // Runs until every replica of the group exited; returns the first failure's exit code.
-  std::optional<int> supervise_group() {
+  std::optional<int> supervise_group(LaunchResult& result) {
     std::optional<int> failure;
     bool stopping = false;
     while (group_running()) {
       pump(std::chrono::milliseconds(200));
+      if (!stopping && forwarded_ == 0 && replace_lost(result)) continue;
       if (!stopping && forwarded_ == 0) {
         for (size_t i : group_) {
           const auto& c = children_[i];
@@ -347,6 +391,8 @@ class Launcher {
   std::vector<Child> children_;
   std::vector<size_t> group_;  // indices into children_ of the current attempt's replicas
   std::vector<std::string> addresses_;
+  std::string evaluator_address_;
+  std::string attempt_id_;  // the current attempt's: a replacement joins the same one
   bool evaluator_started_ = false;
   std::optional<int> evaluator_code_;
   int forwarded_ = 0;

@@ -14,6 +14,12 @@
 //   - when the first failure is retryable (exit code >= 128: 138 aborted, killed by a signal)
 //     and fewer than max_restarts restarts happened, the whole group is started again with the
 //     next attempt: replicas resume together from the latest checkpoint;
+//   - with replace_lost_replicas (the replicas run with supervisor.on_peer_loss: regroup), a
+//     replica killed by a signal or preempted (a retryable code other than 138) while others
+//     still run is replaced alone: the same rank, TF_CONFIG and attempt, so it joins the
+//     survivors in place (worker/dist/README.md, "Recovery in place"). Each replacement counts
+//     as one restart. Exit 138 means the survivors gave up (regroup timeout): the whole group
+//     restarts as above;
 //   - SIGTERM / SIGINT to the launcher are forwarded to every child (no restart afterwards); a
 //     second one sends SIGKILL. Children run in their own process group (a terminal's Ctrl-C
 //     reaches them once, through the launcher) and get SIGTERM if the launcher dies;
@@ -41,13 +47,15 @@ struct LaunchOptions {
   std::filesystem::path program;  // default: this executable (/proc/self/exe)
   std::vector<std::string> args;  // the child's arguments, e.g. {"train", "--config", "x.yaml"}
   std::string host = "127.0.0.1";
-  double grace_secs = 30;  // SIGTERM -> SIGKILL delay when stopping children
-  std::string run_id;      // attempt prefix; default "launch-<unix seconds>-<pid>"
+  double grace_secs = 30;              // SIGTERM -> SIGKILL delay when stopping children
+  std::string run_id;                  // attempt prefix; default "launch-<unix seconds>-<pid>"
+  bool replace_lost_replicas = false;  // see above
 };
 
 struct LaunchResult {
   int exit_code = 0;
-  int restarts = 0;  // group restarts performed
+  int restarts = 0;      // group restarts performed
+  int replacements = 0;  // single replicas replaced in place
 };
 
 // Throws InvalidArgument for bad options; child failures are reported in the result.
