@@ -324,5 +324,35 @@ TEST_F(DistRecoveryTest, ReplacementThatNeverComesEndsWithAFinalCheckpointAndExi
   EXPECT_FALSE(fs::exists(dir_ / "run" / "training.done"));
 }
 
+// The chief is lost and never replaced: nobody holds the logdir's writer lock any more, so a
+// surviving worker commits the last step the survivors completed before exiting 138.
+TEST_F(DistRecoveryTest, ChiefNeverReplacedAWorkerCommitsTheLastCompletedStep) {
+  write_text(dir_ / "c.yaml", recovery_config(1'000'000, /*regroup_timeout_secs=*/3));
+  std::vector<std::unique_ptr<WorkerProcess>> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(start_rank("run", r));
+  ASSERT_TRUE(ranks[1]->wait_for_stdout("step     25/", seconds(240))) << ranks[1]->err();
+  ranks[0]->signal(SIGKILL);
+  ASSERT_EQ(ranks[0]->wait(seconds(60)), 128 + SIGKILL);
+  int64_t lowest_last = INT64_MAX, highest_last = 0;
+  for (int r : {1, 2}) {
+    EXPECT_EQ(ranks[r]->wait(seconds(120)), 138) << "rank " << r << ": " << ranks[r]->err();
+    const auto seen = progress_steps(ranks[r]->out());
+    ASSERT_FALSE(seen.empty());
+    lowest_last = std::min(lowest_last, seen.back());
+    highest_last = std::max(highest_last, seen.back());
+  }
+  // Survivors differ by at most one step; the checkpoint is one of their last completed steps
+  // (not the last periodic one, every 10 steps), written by exactly one of them.
+  EXPECT_LE(highest_last - lowest_last, 1);
+  const auto latest = state_file_latest_step(dir_ / "run");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_GE(*latest, lowest_last);
+  EXPECT_LE(*latest, highest_last);
+  EXPECT_NO_THROW(
+      supervisor::SafetensorsReader(checkpoint_files(dir_ / "run").at(*latest)).verify_all());
+  const std::string both = ranks[1]->err() + ranks[2]->err();
+  EXPECT_THAT(both, HasSubstr("committed a checkpoint in place of the lost chief"));
+}
+
 }  // namespace
 }  // namespace longhaul::worker_test

@@ -1,4 +1,5 @@
 // `longhaul-worker train`: config -> metrics -> run_training -> exit code.
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,18 @@ int run_train(const TrainArgs& args) {
     if (signals.signal_received() == 0) throw;
     LH_LOG(INFO) << "stopped at the rendezvous; nothing to commit" << kv("reason", e.what());
     return 128 + signals.signal_received();
+  }
+  if (run.regroup) {  // recovery in place, measured (worker_metrics.h)
+    run.regroup = [inner = run.regroup, &metrics](supervisor::TrainingState& state) {
+      const auto start = std::chrono::steady_clock::now();
+      const bool ok = inner(state);
+      if (ok) {
+        metrics.on_regrouped(
+            state.global_step(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      return ok;
+    };
   }
   const trainer::RunResult result = trainer::run_training(run);
   if (int code = finish_replica(replica, args, run, result, group.get()); code >= 0) return code;

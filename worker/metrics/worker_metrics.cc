@@ -76,6 +76,13 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   skipped_steps_ = counter(r, c, "longhaul_train_skipped_steps_total",
                            "Steps the numerical watchdog skipped (non-finite loss or gradient "
                            "norm, or a loss spike, with training.on_nonfinite: skip_step).");
+  regroups_ = counter(r, c, "longhaul_worker_regroups_total",
+                      "Lost peers recovered in place (supervisor.on_peer_loss: regroup).");
+  regroup_duration_ = histogram(
+      r, c, "longhaul_worker_regroup_duration_seconds",
+      "From a failed collective to the group whole again with the state shared (includes "
+      "waiting for the replacement).",
+      prometheus::Histogram::BucketBoundaries{0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800});
   build_info_family_ = &prometheus::BuildGauge()
                             .Name("longhaul_worker_build_info")
                             .Help("Build of the worker and the device it trains on (value 1).")
@@ -157,6 +164,12 @@ void WorkerMetrics::on_skipped_step(int64_t step) {
 }
 
 void WorkerMetrics::set_global_step(int64_t step) { global_step_->Set(static_cast<double>(step)); }
+
+void WorkerMetrics::on_regrouped(int64_t step, double seconds) {
+  global_step_->Set(static_cast<double>(step));
+  regroups_->Increment();
+  regroup_duration_->Observe(seconds);
+}
 
 void WorkerMetrics::on_saved(const supervisor::CheckpointStats& stats) {
   ckpt_last_step_->Set(static_cast<double>(stats.step));

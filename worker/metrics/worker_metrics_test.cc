@@ -103,6 +103,17 @@ TEST(WorkerMetricsTest, BuildInfoCarriesTheKernelChoicesAndSkippedStepsAreCounte
   EXPECT_TRUE(has_line(t, "longhaul_train_global_step{rank=\"0\"} 8")) << t;
 }
 
+TEST(WorkerMetricsTest, APeerRecoveredInPlaceIsCountedWithItsDuration) {
+  WorkerMetrics m(1, false, "0.1.0", "cpu");
+  EXPECT_TRUE(has_line(m.text(), "longhaul_worker_regroups_total{rank=\"1\"} 0"));
+  m.on_regrouped(41, 3.5);
+  const std::string t = m.text();
+  EXPECT_TRUE(has_line(t, "longhaul_worker_regroups_total{rank=\"1\"} 1")) << t;
+  EXPECT_TRUE(has_line(t, "longhaul_worker_regroup_duration_seconds_count{rank=\"1\"} 1")) << t;
+  EXPECT_TRUE(has_line(t, "longhaul_worker_regroup_duration_seconds_sum{rank=\"1\"} 3.5")) << t;
+  EXPECT_TRUE(has_line(t, "longhaul_train_global_step{rank=\"1\"} 41")) << t;
+}
+
 TEST(WorkerMetricsTest, ARestartedWorkerShowsTheCheckpointItRestoredFrom) {
   // Before its first save, a restarted worker reports the checkpoint it resumed from, so a
   // "time since the last checkpoint" alert does not fire on every restart.

@@ -150,6 +150,41 @@ void Supervisor::lock_logdir() {
   }
 }
 
+std::optional<std::filesystem::path> Supervisor::commit_checkpoint_as_successor(
+    TrainingState& state) {
+  if (options_.is_chief) {
+    throw FailedPrecondition("commit_checkpoint_as_successor is for non-chiefs");
+  }
+  if (lock_fd_ < 0) {
+    try {
+      lock_logdir();
+    } catch (const AlreadyExists& e) {
+      LH_LOG(INFO) << "another process writes this logdir's checkpoints; not writing one"
+                   << kv("why", e.what());
+      return std::nullopt;
+    }
+  }
+  if (!manager_) {
+    manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
+        options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
+        options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
+  }
+  const int64_t step = state.global_step();
+  for (const CheckpointEntry& e : manager_->checkpoints()) {
+    if (e.step >= step) {
+      LH_LOG(INFO) << "the logdir already holds a checkpoint at this step or later; not writing one"
+                   << kv("step", step) << kv("checkpoint", e.file.string());
+      return std::nullopt;
+    }
+  }
+  Snapshot snapshot;
+  state.snapshot(snapshot);
+  const std::filesystem::path file = manager_->save(snapshot);
+  LH_LOG(WARNING) << "committed a checkpoint in place of the lost chief" << kv("step", step)
+                  << kv("path", file.string());
+  return file;
+}
+
 Supervisor::~Supervisor() {
   // Threads that outlived a stop grace period may still touch the members below: wait for them
   // before anything is destroyed.

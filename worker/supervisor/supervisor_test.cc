@@ -83,6 +83,47 @@ TEST(Supervisor, InitialisesAndRunsInitFnWhenTheLogdirHasNoCheckpoint) {
   }
 }
 
+// worker/dist recovery in place: a replacement takes its state from the running replicas, and a
+// worker that outlived a chief that never came back commits the last step in its place.
+TEST(Supervisor, StateFromPeersReadsNoCheckpointAndASuccessorCommitsOnlyWhenTheLockIsFree) {
+  TempDir dir;
+  ToyState chief_state;
+  auto chief_opts = quiet_options(dir.path());
+  auto chief = std::make_unique<Supervisor>(chief_opts);
+  chief->managed_session(chief_state, train(chief_state, 4));  // checkpoint at step 4
+  ToyState state;
+  auto opts = quiet_options(dir.path());
+  opts.is_chief = false;
+  opts.state_from_peers = [&](TrainingState& s) {
+    auto& toy = static_cast<ToyState&>(s);
+    toy.initialize();
+    for (int i = 0; i < 6; ++i) toy.train_step();  // "received": step 6
+  };
+  auto worker_sv = std::make_unique<Supervisor>(opts);
+  Supervisor& worker = *worker_sv;
+  worker.managed_session(state, [](Supervisor&) {});
+  EXPECT_EQ(state.restore_calls, 0) << "no checkpoint read";
+  EXPECT_EQ(state.global_step(), 6);
+  // The chief is alive (holds the writer lock): the worker writes nothing.
+  EXPECT_FALSE(worker.commit_checkpoint_as_successor(state).has_value());
+  EXPECT_FALSE(has_checkpoint(dir.path(), 6));
+  chief.reset();  // the chief is gone: its lock with it
+  const auto written = worker.commit_checkpoint_as_successor(state);
+  ASSERT_TRUE(written.has_value());
+  EXPECT_TRUE(has_checkpoint(dir.path(), 6));
+  EXPECT_EQ(read_checkpoint_state(dir.path()).value().model_checkpoint_path, "model.ckpt-6");
+  // Another survivor (one step behind) waits for the lock, and never replaces a later checkpoint.
+  ToyState behind;
+  behind.initialize();
+  for (int i = 0; i < 5; ++i) behind.train_step();
+  Supervisor other(opts);
+  EXPECT_FALSE(other.commit_checkpoint_as_successor(behind).has_value()) << "lock held";
+  worker_sv.reset();
+  EXPECT_FALSE(other.commit_checkpoint_as_successor(behind).has_value()) << "step 6 exists";
+  EXPECT_FALSE(has_checkpoint(dir.path(), 5));
+  EXPECT_EQ(read_checkpoint_state(dir.path()).value().model_checkpoint_path, "model.ckpt-6");
+}
+
 TEST(Supervisor, RestoresTheLatestCheckpointAndSkipsInitFn) {
   TempDir dir;
   {

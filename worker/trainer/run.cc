@@ -424,7 +424,9 @@ RunResult run_training(const RunOptions& options) {
           continue;
         }
         result.regroup_failed = r == Recovery::kGaveUp;
-        // The last completed step is committed as the session's final checkpoint (chief).
+        // The last completed step is committed as the session's final checkpoint (chief). A
+        // worker commits it when the chief is the one lost (nobody holds the writer lock).
+        if (result.regroup_failed && !sv.is_chief()) sv.commit_checkpoint_as_successor(trainer);
         sv.request_stop();
         break;
       }

@@ -9,7 +9,9 @@
 //   write time), longhaul_checkpoint_stall_seconds (histogram of training-loop blocking),
 //   longhaul_checkpoint_written_bytes_total, longhaul_checkpoint_saves_total,
 //   longhaul_checkpoint_restores_total, longhaul_train_skipped_steps_total (steps the numerical
-//   watchdog dropped), longhaul_worker_is_chief,
+//   watchdog dropped), longhaul_worker_is_chief, longhaul_worker_regroups_total and
+//   longhaul_worker_regroup_duration_seconds (histogram: a lost peer recovered in place, from the
+//   failed collective to the group whole again with the state shared; worker/dist),
 //   longhaul_worker_build_info{version,backend,attention,matmul_epilogues,self_check} = 1 (the
 //   kernel choices of the start-up self-check, "" until known; see worker/selfcheck).
 //
@@ -64,6 +66,8 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   void on_skipped_step(int64_t step);
   // The session started at `step` (restored or initialised).
   void set_global_step(int64_t step);
+  // A lost peer was recovered in place in `seconds`; training continues at `step`.
+  void on_regrouped(int64_t step, double seconds);
   // The device the model actually trains on, once it exists (`device: auto` may have fallen
   // back to "cpu"): replaces build_info's backend label, so exactly one series remains.
   void set_backend(const std::string& backend);
@@ -100,6 +104,8 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   prometheus::Gauge* is_chief_;
   std::string version_;
   prometheus::Counter* skipped_steps_;
+  prometheus::Counter* regroups_;
+  prometheus::Histogram* regroup_duration_;
   std::mutex build_info_mu_;  // guards the three below (set_backend/set_kernel_choices)
   std::string backend_;
   std::map<std::string, std::string> kernel_labels_;  // attention, matmul_epilogues, self_check

@@ -181,6 +181,15 @@ class Supervisor {
   // Saves so far in this process, by the checkpoint service, requests and the final save.
   int64_t checkpoints_saved() const;
 
+  // A non-chief that outlived its chief (worker/dist: the chief was lost and its replacement
+  // never came): takes the logdir's writer lock when no live process holds it and commits
+  // `state` as a checkpoint, synchronously, unless the logdir already holds one at this step or
+  // later. Returns the file written, or nullopt when the lock is held (the chief is alive, or
+  // another survivor got there first) or nothing newer was needed. The lock is kept until the
+  // Supervisor is destroyed. Training thread only; throws on I/O errors; FailedPrecondition on
+  // the chief (whose final checkpoint is managed_session's).
+  std::optional<std::filesystem::path> commit_checkpoint_as_successor(TrainingState& state);
+
  private:
   static constexpr int kPeriodic = 1;
   static constexpr int kForced = 2;
