@@ -8,29 +8,14 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::kube {
 namespace {
 
+using longhaul::testing::TempDir;
+
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kube_config_test.XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name, const std::string& content) const {
-    std::string p = (fs::path(path_) / name).string();
-    std::ofstream(p) << content;
-    return p;
-  }
-  std::string path(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
 
 // "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n" in base64.
 constexpr char kCaPem[] = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
@@ -48,7 +33,7 @@ std::string kubeconfig_with(const std::string& cluster, const std::string& user,
 }
 
 TEST(KubeconfigTest, TokenAndCaDataFromCurrentContext) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   std::string path = dir.file("config", kubeconfig_with("    server: https://10.0.0.1:6443\n"
                                                         "    certificate-authority-data: " +
                                                             std::string(kCaData) + "\n",
@@ -63,7 +48,7 @@ TEST(KubeconfigTest, TokenAndCaDataFromCurrentContext) {
 }
 
 TEST(KubeconfigTest, CaFileRelativeToKubeconfigAndClientCertificateFiles) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   dir.file("ca.crt", kCaPem);
   dir.file("client.crt", "cert");
   dir.file("client.key", "key");
@@ -72,14 +57,14 @@ TEST(KubeconfigTest, CaFileRelativeToKubeconfigAndClientCertificateFiles) {
                                                         "    client-certificate: client.crt\n"
                                                         "    client-key: client.key\n"));
   ClusterConfig config = load_kubeconfig(path);
-  EXPECT_EQ(config.tls.ca_file, dir.path("ca.crt"));
-  EXPECT_EQ(config.tls.client_cert_file, dir.path("client.crt"));
-  EXPECT_EQ(config.tls.client_key_file, dir.path("client.key"));
+  EXPECT_EQ(config.tls.ca_file, (dir / "ca.crt").string());
+  EXPECT_EQ(config.tls.client_cert_file, (dir / "client.crt").string());
+  EXPECT_EQ(config.tls.client_key_file, (dir / "client.key").string());
   EXPECT_TRUE(config.token.empty());
 }
 
 TEST(KubeconfigTest, ClientCertificateDataAndInsecureSkipOnlyWhenAsked) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   std::string path = dir.file("config", kubeconfig_with("    server: https://k8s.example:443\n"
                                                         "    insecure-skip-tls-verify: true\n",
                                                         "    client-certificate-data: Y2VydA==\n"
@@ -91,7 +76,7 @@ TEST(KubeconfigTest, ClientCertificateDataAndInsecureSkipOnlyWhenAsked) {
 }
 
 TEST(KubeconfigTest, NamedContextAndTokenFile) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   dir.file("token", "from-file\n");
   std::string other = "- name: prod\n  context:\n    cluster: prod-cluster\n    user: prod-user\n";
   std::string text = kubeconfig_with("    server: https://dev:443\n", "    token: dev\n", other) +
@@ -103,16 +88,16 @@ TEST(KubeconfigTest, NamedContextAndTokenFile) {
   std::string path = dir.file("config", text);
   ClusterConfig config = load_kubeconfig(path, "prod");
   EXPECT_EQ(config.server, "https://prod:443");
-  EXPECT_EQ(config.token_file, dir.path("token"));
+  EXPECT_EQ(config.token_file, (dir / "token").string());
   EXPECT_EQ(config.default_namespace, "default");
   EXPECT_EQ(TokenSource(config.token, config.token_file).token(), "from-file");
 }
 
 TEST(KubeconfigTest, KubeconfigEnvironmentVariable) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   std::string path =
       dir.file("config", kubeconfig_with("    server: https://env:443\n", "    token: t\n"));
-  ::setenv("KUBECONFIG", (dir.path("missing") + ":" + path).c_str(), 1);
+  ::setenv("KUBECONFIG", ((dir / "missing").string() + ":" + path).c_str(), 1);
   ClusterConfig config = load_kubeconfig();
   ::unsetenv("KUBECONFIG");
   EXPECT_EQ(config.server, "https://env:443");
@@ -129,7 +114,7 @@ struct BrokenKubeconfig {
 class BrokenKubeconfigTest : public ::testing::TestWithParam<BrokenKubeconfig> {};
 
 TEST_P(BrokenKubeconfigTest, ErrorNamesPathAndField) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   std::string path = dir.file("config", GetParam().text);
   try {
     load_kubeconfig(path, GetParam().context);
@@ -185,7 +170,7 @@ TEST(KubeconfigTest, MissingFileIsNotFound) {
 }
 
 TEST(InClusterConfigTest, ReadsEnvironmentAndServiceAccountFiles) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   InClusterPaths paths{dir.file("token", "tok-1\n"), dir.file("ca.crt", kCaPem),
                        dir.file("namespace", "longhaul-system\n")};
   ::setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
@@ -206,13 +191,13 @@ TEST(InClusterConfigTest, OutsideAPodFailsClearly) {
 }
 
 TEST(TokenSourceTest, RotatedTokenFileIsReadAgain) {
-  TempDir dir;
+  TempDir dir("kube_config_test");
   std::string path = dir.file("token", "first\n");
   TokenSource tokens("", path);
   EXPECT_EQ(tokens.token(), "first");
   // kubelet rotates projected tokens by an atomic rename.
   dir.file("token.new", "second\n");
-  fs::rename(dir.path("token.new"), path);
+  fs::rename((dir / "token.new").string(), path);
   EXPECT_EQ(tokens.token(), "second");
   // Mid-rotation (file briefly absent) the last token keeps working.
   fs::remove(path);

@@ -13,6 +13,7 @@
 #include "longhaul/kube/http_client.h"
 #include "longhaul/kube/informer.h"
 #include "longhaul/kube/leader_election.h"
+#include "longhaul/testing/temp_dir.h"
 #include "test_http_server.h"
 
 namespace longhaul::kube {
@@ -51,26 +52,13 @@ json training_job(const std::string& name) {
           {"spec", {{"replicaSpecs", json::object()}}}};
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kube_fakeapi.XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 TEST(FakeApiClientTest, KubeconfigWithTlsCaAndBearerToken) {
   fakeapi::Options options;
   options.tls.enabled = true;
   options.bearer_token = "s3cret";
   fakeapi::FakeApiServer server(options);
   server.start();
-  TempDir dir;
+  longhaul::testing::TempDir dir("kube_fakeapi");
   server.write_kubeconfig(dir.path() / "kubeconfig", "team");
   ClusterConfig config = load_kubeconfig((dir.path() / "kubeconfig").string());
   EXPECT_EQ(config.default_namespace, "team");
@@ -109,7 +97,7 @@ TEST(FakeApiClientTest, InClusterConfigFollowsTokenRotation) {
   options.bearer_token = "rotated-token";
   fakeapi::FakeApiServer server(options);
   server.start();
-  TempDir dir;
+  longhaul::testing::TempDir dir("kube_fakeapi");
   const fs::path token = dir.path() / "token";
   std::ofstream(token) << "expired-token\n";
   std::ofstream(dir.path() / "namespace") << "longhaul-system";

@@ -9,6 +9,7 @@
 
 #include <longhaul/base/file.h>
 
+#include "longhaul/testing/temp_dir.h"
 #include "test_fixture.h"
 
 namespace longhaul::fakeapi::testing {
@@ -32,9 +33,7 @@ std::string read_line(int fd, std::chrono::milliseconds timeout) {
 }
 
 TEST(FakeApiServerBinary, ServesWritesKubeconfigAndStopsOnSigterm) {
-  auto dir =
-      std::filesystem::temp_directory_path() / ("fakeapi-binary-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  longhaul::testing::TempDir dir("fakeapi-binary");
   std::string kubeconfig = (dir / "kubeconfig").string();
   int out[2];
   ASSERT_EQ(::pipe(out), 0);
@@ -70,7 +69,6 @@ TEST(FakeApiServerBinary, ServesWritesKubeconfigAndStopsOnSigterm) {
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   ::close(out[0]);
-  std::filesystem::remove_all(dir);
 }
 
 class TlsTest : public FakeApiTest {

@@ -11,6 +11,7 @@
 
 #include <longhaul/base/file.h>
 
+#include "longhaul/testing/temp_dir.h"
 #include "test_fixture.h"
 
 namespace longhaul::fakeapi::testing {
@@ -600,14 +601,12 @@ TEST_F(AuthTest, RequestsWithoutTheTokenAreUnauthorized) {
 }
 
 TEST_F(FakeApiTest, KubeconfigPointsAtTheServer) {
-  auto dir =
-      std::filesystem::temp_directory_path() / ("fakeapi-kubeconfig-" + std::to_string(::getpid()));
+  longhaul::testing::TempDir dir("fakeapi-kubeconfig");
   server_->write_kubeconfig(dir / "config", "team-a");
   std::string text = longhaul::file::read_file(dir / "config");
   EXPECT_NE(text.find("server: " + server_->url()), std::string::npos) << text;
   EXPECT_NE(text.find("namespace: team-a"), std::string::npos);
   EXPECT_NE(text.find("current-context: longhaul-fake"), std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(FakeApiTest, DirectStoreCallsThrowStatusErrors) {

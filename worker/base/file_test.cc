@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::file {
 namespace {
@@ -15,18 +16,8 @@ namespace fs = std::filesystem;
 
 class FileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("longhaul_file_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::permissions(dir_, fs::perms::owner_all);
-    fs::remove_all(dir_);
-  }
-  fs::path dir_;
+  longhaul::testing::TempDir tmp_{"longhaul_file_test"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(FileTest, CommitReplacesWholeFile) {

@@ -12,6 +12,7 @@
 #include "longhaul/data/data_loader.h"
 #include "longhaul/data/prepare.h"
 #include "longhaul/data/token_shard.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::data {
 namespace {
@@ -20,22 +21,14 @@ namespace fs = std::filesystem;
 
 class DataTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("longhaul_data_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  longhaul::testing::TempDir tmp_{"longhaul_data_test"};
+  const fs::path dir_ = tmp_.path();
 
   static std::vector<uint16_t> iota(size_t n, uint16_t start = 0) {
     std::vector<uint16_t> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(start + i);
     return v;
   }
-
-  fs::path dir_;
 };
 
 template <typename E>

@@ -11,20 +11,6 @@
 
 namespace longhaul::supervisor::testing {
 
-TempDir::TempDir() {
-  static std::atomic<int> counter{0};
-  const char* tmp = std::getenv("TMPDIR");
-  path_ = std::filesystem::path(tmp ? tmp : "/tmp") /
-          ("longhaul_sup_test." + std::to_string(::getpid()) + "." + std::to_string(counter++));
-  std::filesystem::remove_all(path_);
-  std::filesystem::create_directories(path_);
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!pred()) {

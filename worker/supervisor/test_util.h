@@ -12,19 +12,11 @@
 #include <vector>
 
 #include "longhaul/supervisor/training_state.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::supervisor::testing {
 
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
+using longhaul::testing::TempDir;
 
 // Polls `pred` every millisecond until it holds or `timeout` passes; returns its last value.
 bool wait_until(const std::function<bool()>& pred,
