@@ -3,7 +3,7 @@
 # replicas on CPU (`longhaul-worker launch`, Gloo all-reduce over loopback) with the gradient
 # all-reduce overlapped with the backward pass (`--allreduce-overlap on`, the default) and not
 # (`off`), and the time from a peer's death (SIGKILL) or hang (SIGSTOP) to the exit (code 138)
-# of every survivor.
+# of every survivor (supervisor.on_peer_loss: exit; recovery in place is bench/recovery_bench.sh).
 #
 #   bench/dist_bench.sh [--build-dir DIR] [--preset tiny] [--batch 4] [--seq 64]
 #                       [--threads-per-replica 1] [--steps 60] [--timeout-secs 3]
@@ -53,7 +53,7 @@ checkpoint: {save_model_secs: 0, save_model_steps: $2, max_to_keep: 2}
 summaries: {every_steps: 0, save_summaries_secs: 0}
 log: {every_steps: 1000000}
 eval: {every_steps: 0}
-supervisor: {recovery_wait_secs: 0.05, max_wait_secs: 60}
+supervisor: {recovery_wait_secs: 0.05, max_wait_secs: 60, on_peer_loss: exit}
 YAML
 }
 

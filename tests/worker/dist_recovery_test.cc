@@ -232,7 +232,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Scenario{"WorkerKilled", 2, Loss::kKilledBetweenCollectives},
                       Scenario{"WorkerKilledMidAllreduce", 1, Loss::kKilledMidAllreduce},
                       Scenario{"ChiefKilled", 0, Loss::kKilledBetweenCollectives},
-                      Scenario{"WorkerPreempted", 2, Loss::kPreempted}),
+                      Scenario{"WorkerPreempted", 2, Loss::kPreempted},
+                      Scenario{"ChiefPreempted", 0, Loss::kPreempted}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Two losses in a row: a worker, then (once its replacement trains) the other worker; each

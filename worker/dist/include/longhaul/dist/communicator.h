@@ -35,7 +35,9 @@
 // Failure semantics of every collective: a peer that died (its sockets closed) is noticed at
 // once; a peer that hangs or a cut network is noticed after collective_timeout_secs. Either way
 // the collective throws Aborted naming the operation and the peers, and the communicator is
-// unusable afterwards: the process must exit with the retryable code 138 and the group restarts.
+// unusable afterwards: the process either exits with the retryable code 138 so the group
+// restarts (supervisor.on_peer_loss: exit), or destroys it and regroups (data_parallel.h,
+// "Recovery in place").
 //
 // Thread-safety: NOT thread-safe. A Communicator (its Gloo context, pairs and tag counter) must
 // be used by one thread at a time, and every rank must issue the same collectives in the same
