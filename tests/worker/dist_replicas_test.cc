@@ -218,6 +218,18 @@ TEST_F(DistReplicasTest, ReplicasWithDifferentOverlapSettingsExitWithUsageError)
   EXPECT_FALSE(fs::exists(dir_ / "run" / "model.ckpt-1.safetensors"));
 }
 
+// Replicas that would react differently to a lost peer (one regroups, one exits) must not train.
+TEST_F(DistReplicasTest, ReplicasWithDifferentPeerLossPoliciesExitWithUsageError) {
+  write_text(dir_ / "exit.yaml", replica_config(4, 2, 0, 60, 3, "exit"));
+  write_text(dir_ / "regroup.yaml", replica_config(4, 2, 0, 60, 3, "regroup"));
+  auto chief = start(train_args("exit.yaml", "run"), replica_env(2, 0, "policy"));
+  auto worker = start(train_args("regroup.yaml", "run"), replica_env(2, 1, "policy"));
+  EXPECT_EQ(chief->wait(seconds(120)), 2) << chief->err();
+  EXPECT_EQ(worker->wait(seconds(120)), 2) << worker->err();
+  EXPECT_THAT(worker->err(), HasSubstr("give every replica the same supervisor.on_peer_loss"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "model.ckpt-1.safetensors"));
+}
+
 TEST_F(DistReplicasTest, ChiefThatNeverComesIsDeadlineExceededNamingMissingRanks) {
   write_text(dir_ / "c.yaml", replica_config(6, 2, 0, /*max_wait_secs=*/1));
   auto worker = start(train_args("c.yaml", "run"), replica_env(3, 1, "nochief"));

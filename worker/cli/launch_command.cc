@@ -148,12 +148,13 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
     p->broadcast_state(state, first_wait);
   };
   const auto& sup = run.config.supervisor;
+  // Recovery in place (dist/data_parallel.h). A fresh process first asks whether it joins
+  // replicas that kept their state (it replaces a lost one): then its session takes their state
+  // by broadcast instead of reading a checkpoint. Every replica asks, whatever its policy, so
+  // that replicas with different supervisor.on_peer_loss all exit 2 here.
+  if (regroup) p->set_regroup(o, sup.regroup_timeout_secs);
+  const dist::StateSource source = p->agree_state_source(std::nullopt);
   if (regroup) {
-    // Recovery in place (dist/data_parallel.h). A fresh process first asks whether it joins
-    // replicas that kept their state (it replaces a lost one): then its session takes their
-    // state by broadcast instead of reading a checkpoint.
-    p->set_regroup(o, sup.regroup_timeout_secs);
-    const dist::StateSource source = p->agree_state_source(std::nullopt);
     if (source.survivors) {
       LH_LOG(WARNING) << "joining running replicas as the replacement of a lost one; their state "
                          "comes by broadcast, no checkpoint is read"

@@ -440,9 +440,22 @@ StateSource DataParallel::agree_state_source(std::optional<int64_t> completed_st
     return source;
   }
   quiesce();
-  std::vector<int64_t> steps(static_cast<size_t>(world_size()), -2);
+  // world_size steps, then the recovery policy twice (max and -min): replicas that disagree
+  // on supervisor.on_peer_loss would issue different collectives after a loss.
+  const auto w = static_cast<size_t>(world_size());
+  std::vector<int64_t> steps(w + 2, -2);
   steps[static_cast<size_t>(rank())] = completed_step.value_or(-1);
+  const int64_t policy = regroup_enabled_ ? 1 : 0;
+  steps[w] = policy;
+  steps[w + 1] = -policy;
   group().allreduce_max(steps);
+  if (steps[w] != -steps[w + 1]) {
+    throw InvalidArgument("rank " + std::to_string(rank()) + " runs with supervisor.on_peer_loss " +
+                          (policy ? "regroup" : "exit") +
+                          " but another replica does not: give every replica the same "
+                          "supervisor.on_peer_loss");
+  }
+  steps.resize(w);
   for (int r = 0; r < world_size(); ++r) {
     const int64_t s = steps[static_cast<size_t>(r)];
     if (s >= 0) source.survivors = true;

@@ -167,7 +167,9 @@ class DataParallel {
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
                        int root = 0);
   // Every rank gives its last completed step, or nullopt when it holds no state yet (a fresh
-  // process); all get the same answer (see above). One all-reduce of world_size integers.
+  // process); all get the same answer (see above). One all-reduce of world_size + 2 integers,
+  // which also compares the recovery policy (set_regroup or not): InvalidArgument on every rank
+  // when the replicas disagree.
   StateSource agree_state_source(std::optional<int64_t> completed_step);
 
   // Enables recovery in place: `options` re-forms the group (its regroup flag and max_wait_secs
