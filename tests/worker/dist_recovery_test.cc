@@ -327,6 +327,27 @@ TEST_F(DistRecoveryTest, ReplacementThatNeverComesEndsWithAFinalCheckpointAndExi
 
 // The chief is lost and never replaced: nobody holds the logdir's writer lock any more, so a
 // surviving worker commits the last step the survivors completed before exiting 138.
+// A hung replica (alive, sockets open, silent: SIGSTOP) is declared lost after the collective
+// timeout; nobody replaces a process that still runs, so the survivors give up after the regroup
+// timeout with a final checkpoint and exit 138 — they never hang with it.
+TEST_F(DistRecoveryTest, HungReplicaEndsInAFinalCheckpointAndExit138) {
+  collective_timeout_secs_ = 2;
+  write_text(dir_ / "c.yaml", recovery_config(1'000'000, /*regroup_timeout_secs=*/3));
+  std::vector<std::unique_ptr<WorkerProcess>> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(start_rank("run", r));
+  ASSERT_TRUE(ranks[0]->wait_for_stdout("step     25/", seconds(240))) << ranks[0]->err();
+  ranks[1]->signal(SIGSTOP);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(ranks[r]->wait(seconds(120)), 138) << "rank " << r << ": " << ranks[r]->err();
+  }
+  ranks[1]->signal(SIGKILL);
+  ranks[1]->signal(SIGCONT);
+  EXPECT_TRUE(ranks[1]->wait(seconds(30)).has_value());
+  const auto seen = progress_steps(ranks[0]->out());
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(state_file_latest_step(dir_ / "run"), seen.back());
+}
+
 TEST_F(DistRecoveryTest, ChiefNeverReplacedAWorkerCommitsTheLastCompletedStep) {
   write_text(dir_ / "c.yaml", recovery_config(1'000'000, /*regroup_timeout_secs=*/3));
   std::vector<std::unique_ptr<WorkerProcess>> ranks;
