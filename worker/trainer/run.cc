@@ -400,7 +400,17 @@ RunResult run_training(const RunOptions& options) {
     auto recover = [&](const Aborted& lost) {
       LH_LOG(WARNING) << "a peer was lost; recovering in place" << kv("step", trainer.global_step())
                       << kv("error", lost.what());
+      // Losses during the regroup start another one, but none starts after the regroup timeout
+      // (a replacement that crashes at every start must not keep the survivors forever).
+      const auto give_up = std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(
+                               static_cast<int64_t>(config.supervisor.regroup_timeout_secs * 1000));
       while (true) {
+        if (std::chrono::steady_clock::now() >= give_up) {
+          LH_LOG(ERROR) << "peers kept being lost while regrouping for longer than "
+                           "supervisor.regroup_timeout_secs; giving up";
+          return Recovery::kGaveUp;
+        }
         try {
           return options.regroup(trainer) ? Recovery::kRegrouped : Recovery::kGaveUp;
         } catch (const Aborted& again) {
@@ -426,7 +436,14 @@ RunResult run_training(const RunOptions& options) {
         result.regroup_failed = r == Recovery::kGaveUp;
         // The last completed step is committed as the session's final checkpoint (chief). A
         // worker commits it when the chief is the one lost (nobody holds the writer lock).
-        if (result.regroup_failed && !sv.is_chief()) sv.commit_checkpoint_as_successor(trainer);
+        if (result.regroup_failed && !sv.is_chief()) {
+          try {
+            sv.commit_checkpoint_as_successor(trainer);
+          } catch (const Error& e) {  // still exit 138: the latest checkpoint stays as it was
+            LH_LOG(ERROR) << "could not commit a checkpoint in place of the lost chief"
+                          << kv("error", e.what());
+          }
+        }
         sv.request_stop();
         break;
       }
