@@ -306,6 +306,9 @@ TrainingJobSpec parse_spec(const json& spec) {
   }
   out.success_policy =
       get_enum(spec, "successPolicy", root, SuccessPolicy::kChiefSucceeds, kSuccessPolicies);
+  out.progress_interval_seconds = static_cast<int32_t>(
+      get_int(spec, "progressIntervalSeconds", root, kDefaultProgressIntervalSeconds,
+              kMinProgressIntervalSeconds, kMaxProgressIntervalSeconds));
   return out;
 }
 
@@ -363,6 +366,7 @@ json to_json(const TrainingJobSpec& spec) {
   if (p.ttl_seconds_after_finished) rp["ttlSecondsAfterFinished"] = *p.ttl_seconds_after_finished;
   out["runPolicy"] = rp;
   out["successPolicy"] = enum_name(spec.success_policy, kSuccessPolicies);
+  out["progressIntervalSeconds"] = spec.progress_interval_seconds;
   return out;
 }
 
@@ -450,6 +454,15 @@ TrainingJobStatus parse_status(const json& status) {
   s.observed_generation = lenient<int64_t>(status, "observedGeneration", 0);
   s.start_time = lenient<std::string>(status, "startTime", "");
   s.completion_time = lenient<std::string>(status, "completionTime", "");
+  if (auto it = status.find("progress"); it != status.end() && it->is_object()) {
+    const json& v = *it;
+    s.progress = TrainingProgress{lenient<int64_t>(v, "step", 0),
+                                  lenient<int64_t>(v, "maxSteps", 0),
+                                  lenient<int64_t>(v, "lastCheckpointStep", 0),
+                                  lenient<std::string>(v, "lastCheckpointTime", ""),
+                                  lenient<std::string>(v, "observedTime", ""),
+                                  lenient<std::string>(v, "steps", "")};
+  }
   return s;
 }
 
@@ -518,6 +531,18 @@ json to_json(const TrainingJobStatus& s) {
   out["observedGeneration"] = s.observed_generation;
   if (!s.start_time.empty()) out["startTime"] = s.start_time;
   if (!s.completion_time.empty()) out["completionTime"] = s.completion_time;
+  if (s.progress) {
+    const TrainingProgress& p = *s.progress;
+    json j = {{"step", p.step}};
+    if (p.max_steps > 0) j["maxSteps"] = p.max_steps;
+    if (!p.last_checkpoint_time.empty()) {
+      j["lastCheckpointStep"] = p.last_checkpoint_step;
+      j["lastCheckpointTime"] = p.last_checkpoint_time;
+    }
+    if (!p.observed_time.empty()) j["observedTime"] = p.observed_time;
+    if (!p.steps.empty()) j["steps"] = p.steps;
+    out["progress"] = std::move(j);
+  }
   return out;
 }
 

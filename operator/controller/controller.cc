@@ -72,7 +72,14 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
         std::make_unique<RecorderEventSink>(std::make_shared<kube::EventRecorder>(client_));
     events = own_events_.get();
   }
-  reconciler_ = std::make_unique<Reconciler>(*client_, view_.get(), events, options_.reconciler);
+  // A read of a chief's metrics that brings new training progress reconciles its job.
+  ReconcilerOptions reconciler = options_.reconciler;
+  reconciler.progress.on_update = [this,
+                                   also = reconciler.progress.on_update](const std::string& key) {
+    if (also) also(key);
+    enqueue(key);
+  };
+  reconciler_ = std::make_unique<Reconciler>(*client_, view_.get(), events, reconciler);
   kube::WorkQueueOptions q;
   q.base_delay = options_.retry_base_delay;
   q.max_delay = options_.retry_max_delay;
@@ -113,7 +120,10 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
   }
 }
 
-Controller::~Controller() { stop(); }
+Controller::~Controller() {
+  stop();
+  reconciler_.reset();  // joins its progress reads, which enqueue into queue_
+}
 
 void Controller::enqueue(const std::string& key) { queue_->add(key); }
 

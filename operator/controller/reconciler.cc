@@ -348,6 +348,7 @@ Reconciler::Reconciler(kube::Client& client, ClusterView* view, EventSink* event
   }
   view_ = view;
   events_ = events;
+  progress_ = std::make_unique<ProgressTracker>(options_.progress);
   if (!options_.jitter01) {
     auto rng = std::make_shared<std::mt19937_64>(std::random_device{}());
     options_.jitter01 = [this, rng] {
@@ -364,6 +365,7 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
   Pass& p = pass;
   auto forget_job = [&] {
     expectations_.forget(p.key);
+    progress_->forget(p.key);
     std::lock_guard lock(create_mu_);
     create_failures_.erase(p.key);
   };
@@ -832,6 +834,20 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     st.ready = "0/" + std::to_string(desired.size());
   }
   st.failure_budget = std::to_string(st.failure_count) + "/" + std::to_string(policy.backoff_limit);
+
+  // The chief's training progress (progress.h): read off this path, applied rate-limited.
+  if (invalid.empty() && !api::is_finished(st) && !policy.suspend) {
+    const auto chief = owned.find(st.chief_pod);
+    const auto rec = st.pods.find(st.chief_pod);
+    const bool current = chief != owned.end() && rec != st.pods.end() &&
+                         chief->second.attempt >= rec->second.restart_attempt &&
+                         !chief->second.terminating;
+    if (auto next =
+            progress_->track(p.key, current ? &chief->second.object : nullptr,
+                             std::chrono::seconds(spec.progress_interval_seconds), st, p.now)) {
+      p.requeue_in(*next);
+    }
+  }
 
   // Step 12: one status write, only when something changed; it commits every decision above
   // before any pod is touched.

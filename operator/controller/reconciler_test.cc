@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "longhaul/base/error.h"
 #include "longhaul/controller/children.h"
 #include "longhaul/kube/stop.h"
 #include "memory_client.h"
@@ -48,7 +49,26 @@ class ReconcilerTest : public ::testing::Test {
     ReconcilerOptions o;
     o.now = [this] { return now; };
     o.jitter01 = [] { return 0.0; };
+    // The chief's /metrics (progress.h), as the test sets them.
+    o.progress.fetch = [this](const MetricsEndpoint& e, std::chrono::milliseconds) {
+      std::lock_guard lock(chief_mu);
+      ++chief_reads;
+      read_from = e;
+      if (!chief_metrics) throw Unavailable("connection refused");
+      return *chief_metrics;
+    };
     return std::make_unique<Reconciler>(client, nullptr, &events, o);
+  }
+  void set_chief_metrics(std::optional<std::string> text) {
+    std::lock_guard lock(chief_mu);
+    chief_metrics = std::move(text);
+  }
+  // One reconcile whose read of the chief's metrics (if it starts one) has finished: the read
+  // runs off the reconcile path, so the pass after it applies what it brought.
+  ReconcileResult reconcile_after_read() {
+    reconcile();
+    EXPECT_TRUE(reconciler->progress().wait_idle(std::chrono::seconds(10)));
+    return reconcile();
   }
 
   void create_job(const json& spec) {
@@ -120,6 +140,11 @@ class ReconcilerTest : public ::testing::Test {
     settle();
     ASSERT_EQ(status().phase, "Running");
   }
+
+  std::mutex chief_mu;
+  std::optional<std::string> chief_metrics;  // nullopt: the chief is unreachable
+  int chief_reads = 0;
+  MetricsEndpoint read_from;
 
   testing::MemoryClient client;
   RecordingEvents events;
@@ -647,6 +672,148 @@ TEST_F(ReconcilerTest, StopRequestedMidPassMakesNoFurtherWrites) {
   const int writes = client.writes();
   EXPECT_THROW(reconcile(), Cancelled);
   EXPECT_EQ(client.writes(), writes);
+}
+
+// ---- training progress (progress.h) in status, on the fake clock
+
+json progress_spec() {
+  json spec = default_spec();
+  spec["progressIntervalSeconds"] = 30;
+  spec["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
+      {{"name", "metrics"}, {"containerPort", 9400}}};
+  return spec;
+}
+
+std::string exposition(int64_t step, int64_t checkpoint_step, int64_t checkpoint_unix) {
+  return "# TYPE longhaul_train_global_step gauge\n"
+         "longhaul_train_global_step{rank=\"0\"} " +
+         std::to_string(step) + "\nlonghaul_train_max_steps{rank=\"0\"} 5000\n" +
+         "longhaul_checkpoint_last_step{rank=\"0\"} " + std::to_string(checkpoint_step) +
+         "\nlonghaul_checkpoint_last_timestamp_seconds{rank=\"0\"} " +
+         std::to_string(checkpoint_unix) + "\n";
+}
+
+TEST_F(ReconcilerTest, ChiefProgressAppearsInStatusFromItsMetricsPort) {
+  set_chief_metrics(exposition(1200, 1000, 1763730000));
+  create_job(progress_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  const ReconcileResult r = reconcile_after_read();
+  EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.7", 9400}));
+  const json progress = status_json()["progress"];
+  EXPECT_EQ(progress, json::parse(R"({"step": 1200, "maxSteps": 5000, "steps": "1200/5000",
+                                      "lastCheckpointStep": 1000,
+                                      "lastCheckpointTime": "2025-11-21T13:00:00Z",
+                                      "observedTime": "2026-11-21T13:00:00Z"})"));
+  // A running job with a readable chief comes back for the next read.
+  ASSERT_TRUE(r.requeue_after);
+  EXPECT_LE(*r.requeue_after, std::chrono::milliseconds(31000));
+  // The other status fields are untouched by the progress.
+  EXPECT_EQ(status().phase, "Running");
+  EXPECT_EQ(status().ready, "3/3");
+}
+
+TEST_F(ReconcilerTest, ProgressIsWrittenAtMostOncePerIntervalAndNeverWhenUnchanged) {
+  set_chief_metrics(exposition(0, 0, 0));
+  create_job(progress_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  reconcile_after_read();
+  ASSERT_TRUE(status().progress);
+  client.reset_counts();
+  // Ten minutes of steady training, the operator reconciling every 2 s (as often as any event
+  // could make it) and a new step every second.
+  int64_t step = 0;
+  std::vector<std::string> observed;
+  for (int tick = 0; tick < 300; ++tick) {
+    now += std::chrono::seconds(2);
+    step += 2;
+    set_chief_metrics(exposition(step, step / 100 * 100, 1763730000 + step / 100));
+    reconcile_after_read();
+    const auto p = status().progress;
+    if (observed.empty() || observed.back() != p->observed_time)
+      observed.push_back(p->observed_time);
+  }
+  const int writes = client.writes_of("update_status", "trainingjobs");
+  EXPECT_EQ(writes, client.writes()) << "progress causes status writes only";
+  EXPECT_LE(writes, 600 / 30);
+  EXPECT_GE(writes, 600 / 32) << "the progress must keep moving";
+  for (size_t i = 1; i < observed.size(); ++i) {
+    EXPECT_GE(api::parse_time(observed[i]) - api::parse_time(observed[i - 1]),
+              std::chrono::seconds(30));
+  }
+  EXPECT_GE(status().progress->step, step - 32) << "at most one interval behind the chief";
+
+  // The chief stops advancing (e.g. waiting on a slow filesystem): not one write more.
+  reconcile_after_read();
+  now += std::chrono::seconds(60);
+  reconcile_after_read();  // the last change lands
+  client.reset_counts();
+  for (int tick = 0; tick < 100; ++tick) {
+    now += std::chrono::seconds(7);
+    reconcile_after_read();
+  }
+  EXPECT_EQ(client.writes(), 0);
+  EXPECT_EQ(status().progress->step, step);
+}
+
+TEST_F(ReconcilerTest, UnreachableChiefIsNoErrorAndKeepsTheLastProgress) {
+  set_chief_metrics(exposition(700, 600, 1763730000));
+  create_job(progress_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  reconcile_after_read();
+  const auto before = status();
+  ASSERT_TRUE(before.progress);
+  set_chief_metrics(std::nullopt);
+  client.reset_counts();
+  const int reads = chief_reads;
+  for (int tick = 0; tick < 10; ++tick) {
+    now += std::chrono::seconds(31);
+    EXPECT_NO_THROW(reconcile_after_read());
+  }
+  EXPECT_GE(chief_reads - reads, 10) << "the chief is still tried every interval";
+  EXPECT_EQ(client.writes(), 0);
+  EXPECT_EQ(status(), before);
+  EXPECT_FALSE(api::find_condition(status(), api::condition::kFailed));
+}
+
+TEST_F(ReconcilerTest, AChiefWithoutAMetricsPortIsNeverReadAndCostsNoWrites) {
+  set_chief_metrics(exposition(5, 0, 0));
+  create_job(default_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  client.reset_counts();
+  for (int i = 0; i < 3; ++i) {
+    now += std::chrono::seconds(60);
+    EXPECT_FALSE(reconcile_after_read().requeue_after);
+  }
+  EXPECT_EQ(chief_reads, 0);
+  EXPECT_EQ(client.writes(), 0);
+  EXPECT_FALSE(status().progress);
+}
+
+TEST_F(ReconcilerTest, ProgressSurvivesARestartAndTheNewChiefIsRead) {
+  set_chief_metrics(exposition(900, 800, 1763730000));
+  create_job(progress_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  reconcile_after_read();
+  preempt("j-chief-0");
+  settle();
+  // While the group restarts, the last progress stays.
+  EXPECT_EQ(status().progress->step, 900);
+  run_all();
+  settle();
+  ASSERT_EQ(status().phase, "Running");
+  // The new chief resumed from the checkpoint at 800 and has a new IP: read at once, written
+  // once the interval since the last change has passed.
+  set_chief_metrics(exposition(810, 800, 1763730000));
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.8"}});
+  now += std::chrono::seconds(31);
+  reconcile_after_read();
+  EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.8", 9400}));
+  EXPECT_EQ(status().progress->steps, "810/5000");
 }
 
 }  // namespace

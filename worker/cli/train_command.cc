@@ -70,6 +70,7 @@ int run_train(const TrainArgs& args) {
     metrics.serve(port);
     LH_LOG(INFO) << "serving Prometheus metrics" << kv("port", metrics.port());
   }
+  metrics.set_max_steps(run.config.training.max_steps);
   run.checkpoint_listeners.push_back(&metrics);
   run.on_step = [&](const trainer::StepStats& s) {
     if (s.skipped) {

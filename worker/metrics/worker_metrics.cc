@@ -45,6 +45,8 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   const prometheus::Histogram::BucketBoundaries ckpt_buckets{
       0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
   global_step_ = gauge(r, c, "longhaul_train_global_step", "Optimizer steps taken so far.");
+  max_steps_ = gauge(r, c, "longhaul_train_max_steps",
+                     "The step at which training ends (training.max_steps).");
   steps_total_ =
       counter(r, c, "longhaul_train_steps_total", "Optimizer steps taken by this process.");
   tokens_total_ =
@@ -169,6 +171,10 @@ void WorkerMetrics::on_regrouped(int64_t step, double seconds) {
   global_step_->Set(static_cast<double>(step));
   regroups_->Increment();
   regroup_duration_->Observe(seconds);
+}
+
+void WorkerMetrics::set_max_steps(int64_t max_steps) {
+  max_steps_->Set(static_cast<double>(max_steps));
 }
 
 void WorkerMetrics::on_saved(const supervisor::CheckpointStats& stats) {

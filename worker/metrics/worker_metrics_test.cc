@@ -28,6 +28,7 @@ TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
   m.on_restored(
       {.step = 5, .file = "model.ckpt-5.safetensors", .wall_time = 1690000000, .bytes = 2048});
   m.on_step(7, 2.5, 1e-3, 0.75, 1024, 0.5);
+  m.set_max_steps(5000);
   supervisor::CheckpointStats stats;
   stats.step = 7;
   stats.wall_time = 1700000000;
@@ -38,6 +39,7 @@ TEST(WorkerMetricsTest, ExportsTheFixedNamesWithRank) {
   const std::string t = m.text();
   for (const std::string line : {
            "longhaul_train_global_step{rank=\"3\"} 7",
+           "longhaul_train_max_steps{rank=\"3\"} 5000",
            "longhaul_train_steps_total{rank=\"3\"} 1",
            "longhaul_train_tokens_total{rank=\"3\"} 1024",
            "longhaul_train_step_duration_seconds_count{rank=\"3\"} 1",

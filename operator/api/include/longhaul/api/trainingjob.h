@@ -67,6 +67,11 @@ struct ReplicaSpec {
   RestartPolicy restart_policy = RestartPolicy::kExitCode;
 };
 
+// spec.progressIntervalSeconds: default and bounds (the CRD's too).
+inline constexpr int32_t kDefaultProgressIntervalSeconds = 30;
+inline constexpr int32_t kMinProgressIntervalSeconds = 5;
+inline constexpr int32_t kMaxProgressIntervalSeconds = 86400;
+
 struct LogdirSpec {
   std::string claim_name;  // non-empty: mount this existing claim, create nothing
   std::string storage_class_name;
@@ -99,6 +104,9 @@ struct TrainingJobSpec {
   LogdirSpec logdir;
   RunPolicy run_policy;
   SuccessPolicy success_policy = SuccessPolicy::kChiefSucceeds;
+  // How often the operator reads the chief's training progress and, at most, rewrites
+  // status.progress (see controller/progress.h).
+  int32_t progress_interval_seconds = kDefaultProgressIntervalSeconds;
 
   // The chief: Chief 0 when a Chief replica exists, else Worker 0. nullopt when neither has
   // replicas (validate_runnable rejects that).
@@ -190,6 +198,18 @@ struct PodRecord {
   bool operator==(const PodRecord&) const = default;
 };
 
+// The chief's training progress as the operator last recorded it (status.progress), read from
+// the chief's Prometheus metrics. Absent until the first successful read.
+struct TrainingProgress {
+  int64_t step = 0;                  // the chief's global step
+  int64_t max_steps = 0;             // training.max_steps; 0 when the chief does not say
+  int64_t last_checkpoint_step = 0;  // 0 with last_checkpoint_time empty: none yet
+  std::string last_checkpoint_time;  // RFC 3339
+  std::string observed_time;         // RFC 3339: when the operator recorded these values
+  std::string steps;                 // "1200/5000" (the STEP column); "1200" without max_steps
+  bool operator==(const TrainingProgress&) const = default;
+};
+
 struct TrainingJobStatus {
   std::string phase;
   std::vector<Condition> conditions;
@@ -208,6 +228,7 @@ struct TrainingJobStatus {
   int64_t observed_generation = 0;
   std::string start_time;
   std::string completion_time;
+  std::optional<TrainingProgress> progress;
   bool operator==(const TrainingJobStatus&) const = default;
 };
 

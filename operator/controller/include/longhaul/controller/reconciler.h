@@ -7,7 +7,9 @@
 // disrupted pods (failure_policy.h) -> decide success (success_policy.h), failure or restart ->
 // compute status -> write status once, only if it changed -> act on pods (delete stale
 // incarnations, force-delete pods stuck Terminating on a lost node, create missing pods) ->
-// requeue after the nearest timer (backoff, deadline, TTL, force-delete, create retry).
+// requeue after the nearest timer (backoff, deadline, TTL, force-delete, create retry). The
+// chief's training progress (status.progress) joins the one status write, read off the reconcile
+// path and rate-limited by progressIntervalSeconds (progress.h).
 //
 // Refused creates: the first refused create of a pass stops that pass's creates. A 400/422
 // (the API server found the object invalid) fails the job with InvalidSpec, naming the
@@ -49,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/controller/progress.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/events.h"
 
@@ -162,6 +165,9 @@ struct ReconcilerOptions {
   // consecutive failure of a job waits min(max, base * 2^(n-1)) before the next try.
   std::chrono::milliseconds create_retry_base{1000};
   std::chrono::milliseconds create_retry_max{60000};
+  // How the chief's training progress is read (progress.h); the controller adds an on_update
+  // that reconciles the job when a read brings new values.
+  ProgressTrackerOptions progress;
 };
 
 class Reconciler {
@@ -175,6 +181,9 @@ class Reconciler {
   // Throws on API errors (the caller requeues with rate-limited backoff); a kube::ConflictError
   // means the job changed under us.
   ReconcileResult reconcile(const std::string& ns, const std::string& name);
+
+  // The reads of chiefs' metrics (tests wait on it).
+  ProgressTracker& progress() { return *progress_; }
 
  private:
   struct Pass;
@@ -195,6 +204,7 @@ class Reconciler {
   };
   std::mutex create_mu_;
   std::map<std::string, CreateFailure> create_failures_;  // guarded by create_mu_
+  std::unique_ptr<ProgressTracker> progress_;             // last: its threads stop first
 };
 
 }  // namespace longhaul::controller

@@ -1,12 +1,13 @@
 // Prometheus metrics of one worker replica: one registry and (optionally) one exposer made at
 // start-up, families built once, children cached. Every metric carries the constant label
 // `rank`. Names are the project's fixed set (dashboards depend on them):
-//   longhaul_train_global_step (gauge), longhaul_train_steps_total, longhaul_train_tokens_total,
-//   longhaul_train_step_duration_seconds (histogram), longhaul_train_loss,
-//   longhaul_train_learning_rate, longhaul_train_grad_norm, longhaul_train_tokens_per_second,
-//   longhaul_checkpoint_last_step, longhaul_checkpoint_last_timestamp_seconds,
-//   longhaul_checkpoint_last_bytes (gauges), longhaul_checkpoint_duration_seconds (histogram of
-//   write time), longhaul_checkpoint_stall_seconds (histogram of training-loop blocking),
+//   longhaul_train_global_step, longhaul_train_max_steps (gauges), longhaul_train_steps_total,
+//   longhaul_train_tokens_total, longhaul_train_step_duration_seconds (histogram),
+//   longhaul_train_loss, longhaul_train_learning_rate, longhaul_train_grad_norm,
+//   longhaul_train_tokens_per_second, longhaul_checkpoint_last_step,
+//   longhaul_checkpoint_last_timestamp_seconds, longhaul_checkpoint_last_bytes (gauges),
+//   longhaul_checkpoint_duration_seconds (histogram of write time),
+//   longhaul_checkpoint_stall_seconds (histogram of training-loop blocking),
 //   longhaul_checkpoint_written_bytes_total, longhaul_checkpoint_saves_total,
 //   longhaul_checkpoint_restores_total, longhaul_train_skipped_steps_total (steps the numerical
 //   watchdog dropped), longhaul_worker_is_chief, longhaul_worker_regroups_total and
@@ -64,6 +65,9 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   // A step the numerical watchdog skipped (its update dropped): the global step advances, the
   // loss/grad-norm gauges keep the last good step's values.
   void on_skipped_step(int64_t step);
+  // training.max_steps: the step at which training ends (the operator's STEP column reads
+  // longhaul_train_global_step over this).
+  void set_max_steps(int64_t max_steps);
   // The session started at `step` (restored or initialised).
   void set_global_step(int64_t step);
   // A lost peer was recovered in place in `seconds`; training continues at `step`.
@@ -86,6 +90,7 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<http::Server> server_;  // serves text() on /metrics
   prometheus::Gauge* global_step_;
+  prometheus::Gauge* max_steps_;
   prometheus::Counter* steps_total_;
   prometheus::Counter* tokens_total_;
   prometheus::Histogram* step_duration_;

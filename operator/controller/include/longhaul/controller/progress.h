@@ -1,0 +1,148 @@
+// The chief's training progress in TrainingJob status (status.progress: the STEP and LAST-CKPT
+// columns of `kubectl get tj`).
+//
+// Where it comes from: the chief's Prometheus metrics. The worker exports
+// longhaul_train_global_step, longhaul_train_max_steps, longhaul_checkpoint_last_step and
+// longhaul_checkpoint_last_timestamp_seconds; the operator reads them with a plain HTTP GET of
+// http://<chief podIP>:<the container port named "metrics">/metrics. The operator cannot mount
+// the logdir claim, and the metrics port is already how Prometheus watches the job. A chief
+// without a port named "metrics" has no progress (nothing is read, nothing written).
+//
+// Off the reconcile path: ProgressTracker::track() never waits for the network. It hands a read
+// to a small pool of scrape threads (one read in flight per job, each bounded by a total
+// deadline) and applies the newest sample it already holds. When a read returns values that
+// differ from the previous read, the tracker calls `on_update(job key)` so the controller
+// reconciles the job promptly. A failed read (pod unreachable, slow, not serving yet, garbage)
+// keeps the last sample and is no error: the status keeps the last progress.
+//
+// Writes: apply_progress() changes status.progress at most once per progressIntervalSeconds
+// (judged from status.progress.observedTime, so it survives operator restarts) and only when a
+// value changed; a job whose progress is unchanged costs no write, only a read of the chief's
+// /metrics every interval.
+//
+// Thread-safety: ProgressTracker's methods are safe to call concurrently (one mutex guards the
+// per-job entries); `fetch` runs on the scrape threads; `on_update` on a scrape thread too, and
+// must not call back into the tracker's destructor. The destructor stops and joins every thread,
+// abandoning queued reads (a read in flight finishes within its deadline).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "longhaul/api/trainingjob.h"
+
+namespace longhaul::controller {
+
+// What one read of the chief's /metrics says.
+struct ProgressSample {
+  int64_t step = 0;
+  int64_t max_steps = 0;             // 0: not exported
+  int64_t last_checkpoint_step = 0;  // meaningful only with last_checkpoint_unix > 0
+  int64_t last_checkpoint_unix = 0;  // seconds since the epoch; 0: no checkpoint yet
+  bool operator==(const ProgressSample&) const = default;
+};
+
+// Reads the sample from a Prometheus text exposition. nullopt when it has no
+// longhaul_train_global_step sample (not a longhaul worker, or not started). Labels are ignored
+// (the chief's series carry rank="0"); comments, other metrics, timestamps, NaN and malformed
+// lines are skipped; negative values count as absent.
+std::optional<ProgressSample> parse_progress_metrics(std::string_view exposition);
+
+// Where the chief serves its metrics.
+struct MetricsEndpoint {
+  std::string host;  // the pod IP (IPv4 or IPv6)
+  int port = 0;
+  bool operator==(const MetricsEndpoint&) const = default;
+};
+
+// The chief pod's metrics endpoint: phase Running, a status.podIP, and a container port named
+// "metrics". nullopt otherwise.
+std::optional<MetricsEndpoint> metrics_endpoint(const nlohmann::json& pod);
+
+// GET http://host:port/metrics over HTTP/1.0 with `timeout` for the whole exchange (connect,
+// send, read; at most 16 MiB). Returns the body of a 200 answer. Throws Unavailable naming the
+// endpoint on any failure (refused, unreachable, deadline, another status, oversize).
+std::string fetch_metrics(const MetricsEndpoint& endpoint, std::chrono::milliseconds timeout);
+
+// The rate limit. Makes `status.progress` say `sample`, unless it already does (values equal:
+// returns nullopt, changes nothing) or it changed less than `interval` ago: then it changes
+// nothing and returns how long until it may (status times have second precision, so that is
+// observedTime + interval + 1 s, which keeps two writes at least `interval` apart). A change
+// stamps observedTime = now.
+std::optional<std::chrono::milliseconds> apply_progress(api::TrainingJobStatus& status,
+                                                        const ProgressSample& sample,
+                                                        std::chrono::seconds interval,
+                                                        api::Time now);
+
+struct ProgressTrackerOptions {
+  // Reads one endpoint; throws on failure. Default: fetch_metrics.
+  std::function<std::string(const MetricsEndpoint&, std::chrono::milliseconds timeout)> fetch;
+  // A read returned values different from the job's previous read.
+  std::function<void(const std::string& job_key)> on_update;
+  int threads = 2;
+  std::chrono::milliseconds timeout{2000};
+};
+
+class ProgressTracker {
+ public:
+  explicit ProgressTracker(ProgressTrackerOptions options = {});
+  ~ProgressTracker();
+  ProgressTracker(const ProgressTracker&) = delete;
+  ProgressTracker& operator=(const ProgressTracker&) = delete;
+
+  // One reconcile's share, never blocking on the network: `chief_pod` is the chief pod of the
+  // current incarnation (nullptr when there is none). Starts a read of its endpoint when none
+  // is in flight and the last one started `interval` or more before `now` (or the endpoint
+  // changed), then applies the newest sample to `status` (apply_progress). Returns when to
+  // reconcile again for the next read or a rate-limited change; nullopt when the chief has no
+  // metrics endpoint (the pod's own events bring the next reconcile).
+  std::optional<std::chrono::milliseconds> track(const std::string& job_key,
+                                                 const nlohmann::json* chief_pod,
+                                                 std::chrono::seconds interval,
+                                                 api::TrainingJobStatus& status, api::Time now);
+  // The job is gone: drop its entry (a read in flight is discarded).
+  void forget(const std::string& job_key);
+  // Tests: waits until no read is queued or in flight; false after `timeout`.
+  bool wait_idle(std::chrono::milliseconds timeout);
+
+ private:
+  struct Entry {
+    uint64_t id = 0;  // distinguishes an entry from a re-created one of the same key
+    std::optional<MetricsEndpoint> endpoint;
+    std::optional<api::Time> last_attempt;
+    bool in_flight = false;
+    std::optional<ProgressSample> sample;
+    bool failing = false;  // the last read failed (logged once per streak)
+  };
+  struct Read {
+    std::string key;
+    uint64_t id;
+    MetricsEndpoint endpoint;
+  };
+  void scrape_loop();
+
+  ProgressTrackerOptions options_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;       // a read was queued, or stopping
+  std::condition_variable idle_cv_;       // a read finished
+  std::map<std::string, Entry> entries_;  // guarded by mu_
+  std::deque<Read> queue_;                // guarded by mu_
+  int busy_ = 0;                          // guarded by mu_: reads in flight
+  uint64_t next_id_ = 1;                  // guarded by mu_
+  bool stopping_ = false;                 // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace longhaul::controller

@@ -1,0 +1,389 @@
+// Training progress: parsing the chief's metrics, finding its endpoint, the rate limit on
+// status.progress with a fake clock, the tracker's reads off the reconcile path, and the HTTP
+// read against real loopback servers (answering, failing, silent, closed).
+#include "longhaul/controller/progress.h"
+
+#include <atomic>
+#include <future>
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+#include "longhaul/base/http_server.h"
+
+namespace longhaul::controller {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+// What longhaul-worker's /metrics says (abridged, the real families and labels).
+constexpr const char* kWorkerExposition =
+    R"(# HELP longhaul_train_global_step Optimizer steps taken so far.
+# TYPE longhaul_train_global_step gauge
+longhaul_train_global_step{rank="0"} 1200
+# HELP longhaul_train_max_steps The step at which training ends (training.max_steps).
+# TYPE longhaul_train_max_steps gauge
+longhaul_train_max_steps{rank="0"} 5000
+# TYPE longhaul_train_steps_total counter
+longhaul_train_steps_total{rank="0"} 300
+# TYPE longhaul_checkpoint_last_step gauge
+longhaul_checkpoint_last_step{rank="0"} 1000
+# TYPE longhaul_checkpoint_last_timestamp_seconds gauge
+longhaul_checkpoint_last_timestamp_seconds{rank="0"} 1763730000
+longhaul_worker_build_info{rank="0",version="0.1.0",backend="cpu",attention="",matmul_epilogues="",self_check=""} 1
+)";
+
+struct ParseCase {
+  std::string name;
+  std::string text;
+  std::optional<ProgressSample> want;
+};
+void PrintTo(const ParseCase& c, std::ostream* os) { *os << c.name; }
+
+class ParseTest : public ::testing::TestWithParam<ParseCase> {};
+
+TEST_P(ParseTest, ReadsTheChiefsProgress) {
+  const ParseCase& c = GetParam();
+  EXPECT_EQ(parse_progress_metrics(c.text), c.want);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ParseTest,
+    ::testing::Values(
+        ParseCase{"WorkerExposition", kWorkerExposition,
+                  ProgressSample{1200, 5000, 1000, 1763730000}},
+        ParseCase{"BeforeTheFirstCheckpoint",
+                  "longhaul_train_global_step{rank=\"0\"} 7\n"
+                  "longhaul_train_max_steps{rank=\"0\"} 160\n"
+                  "longhaul_checkpoint_last_step{rank=\"0\"} 0\n"
+                  "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} 0\n",
+                  ProgressSample{7, 160, 0, 0}},
+        ParseCase{"AnOlderWorkerWithoutMaxSteps", "longhaul_train_global_step 42\n",
+                  ProgressSample{42, 0, 0, 0}},
+        ParseCase{"NotALonghaulWorker", "# TYPE up gauge\nup 1\nprocess_cpu_seconds_total 3\n",
+                  std::nullopt},
+        ParseCase{"Empty", "", std::nullopt},
+        ParseCase{"ScientificNotationCrlfAndTimestamps",
+                  "longhaul_train_global_step{rank=\"0\"} 1.2e+06 1763730000000\r\n"
+                  "longhaul_train_max_steps{rank=\"0\"} 2e6\r\n",
+                  ProgressSample{1200000, 2000000, 0, 0}},
+        ParseCase{"LabelValuesWithBracesQuotesAndSpaces",
+                  "longhaul_train_global_step{rank=\"0\",note=\"a } \\\" b\"} 9\n",
+                  ProgressSample{9, 0, 0, 0}},
+        ParseCase{"PrefixNamesAreOtherMetrics",
+                  "longhaul_train_global_step_extra 99\nlonghaul_train_global_step 5\n",
+                  ProgressSample{5, 0, 0, 0}},
+        ParseCase{"TheFirstSeriesWins",
+                  "longhaul_train_global_step{rank=\"0\"} 5\n"
+                  "longhaul_train_global_step{rank=\"1\"} 6\n",
+                  ProgressSample{5, 0, 0, 0}},
+        ParseCase{"NaNAndNegativeAreAbsent",
+                  "longhaul_train_global_step 3\nlonghaul_train_max_steps NaN\n"
+                  "longhaul_checkpoint_last_step -1\n"
+                  "longhaul_checkpoint_last_timestamp_seconds 1763730000\n",
+                  ProgressSample{3, 0, 0, 1763730000}},
+        ParseCase{"MalformedLinesAreSkipped",
+                  "longhaul_train_global_step{rank=\"0\" 17\nlonghaul_train_global_step\n"
+                  "longhaul_train_global_step abc\n{} 3\nlonghaul_train_global_step 8\n",
+                  ProgressSample{8, 0, 0, 0}},
+        ParseCase{"AStepThatIsNotANumberIsNoProgress", "longhaul_train_global_step +Inf\n",
+                  std::nullopt}));
+
+json chief_pod(const std::string& phase, const std::string& ip, const json& ports) {
+  json pod = {{"metadata", {{"name", "j-chief-0"}}}};
+  pod["spec"]["containers"] =
+      json::array({json{{"name", "sidecar"}}, json{{"name", "trainer"}, {"ports", ports}}});
+  pod["status"] = {{"phase", phase}, {"podIP", ip}};
+  return pod;
+}
+
+TEST(MetricsEndpointTest, IsTheRunningChiefsPortNamedMetrics) {
+  const json ports = {{{"name", "http"}, {"containerPort", 80}},
+                      {{"name", "metrics"}, {"containerPort", 9400}}};
+  EXPECT_EQ(metrics_endpoint(chief_pod("Running", "10.1.2.3", ports)),
+            (MetricsEndpoint{"10.1.2.3", 9400}));
+  EXPECT_EQ(metrics_endpoint(chief_pod("Running", "fd00::5", ports)),
+            (MetricsEndpoint{"fd00::5", 9400}));
+  EXPECT_EQ(metrics_endpoint(chief_pod("Pending", "10.1.2.3", ports)), std::nullopt);
+  EXPECT_EQ(metrics_endpoint(chief_pod("Running", "", ports)), std::nullopt);
+  EXPECT_EQ(metrics_endpoint(
+                chief_pod("Running", "10.1.2.3", {{{"name", "http"}, {"containerPort", 9400}}})),
+            std::nullopt);
+  EXPECT_EQ(metrics_endpoint(chief_pod("Running", "10.1.2.3",
+                                       {{{"name", "metrics"}, {"containerPort", "9400"}}})),
+            std::nullopt);
+  EXPECT_EQ(metrics_endpoint(json::object()), std::nullopt);
+}
+
+// ---- the rate limit, on a fake clock
+
+api::Time at(const char* rfc3339) { return api::parse_time(rfc3339); }
+
+TEST(ApplyProgressTest, WritesTheSampleOnceWithTheStepColumnAndCheckpointTime) {
+  api::TrainingJobStatus st;
+  const api::Time now = at("2026-11-21T13:00:00Z");
+  EXPECT_EQ(apply_progress(st, {1200, 5000, 1000, 1763730000}, 30s, now), std::nullopt);
+  ASSERT_TRUE(st.progress);
+  EXPECT_EQ(st.progress->steps, "1200/5000");
+  EXPECT_EQ(st.progress->step, 1200);
+  EXPECT_EQ(st.progress->max_steps, 5000);
+  EXPECT_EQ(st.progress->last_checkpoint_step, 1000);
+  EXPECT_EQ(st.progress->last_checkpoint_time, "2025-11-21T13:00:00Z");
+  EXPECT_EQ(st.progress->observed_time, "2026-11-21T13:00:00Z");
+  // The status round-trips through JSON unchanged (the reconciler compares JSON to skip writes).
+  EXPECT_EQ(api::parse_status(api::to_json(st)), st);
+  EXPECT_EQ(api::to_json(st)["progress"],
+            json::parse(R"({"step": 1200, "maxSteps": 5000, "steps": "1200/5000",
+                            "lastCheckpointStep": 1000,
+                            "lastCheckpointTime": "2025-11-21T13:00:00Z",
+                            "observedTime": "2026-11-21T13:00:00Z"})"));
+
+  // No max steps, no checkpoint: only the step; the JSON says nothing about the rest.
+  api::TrainingJobStatus bare;
+  apply_progress(bare, {7, 0, 0, 0}, 30s, now);
+  EXPECT_EQ(bare.progress->steps, "7");
+  EXPECT_EQ(api::to_json(bare)["progress"],
+            json::parse(R"({"step": 7, "steps": "7", "observedTime": "2026-11-21T13:00:00Z"})"));
+  EXPECT_EQ(api::parse_status(api::to_json(bare)), bare);
+}
+
+TEST(ApplyProgressTest, UnchangedValuesChangeNothingEvenAfterTheInterval) {
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  apply_progress(st, {10, 100, 0, 0}, 30s, now);
+  const api::TrainingJobStatus written = st;
+  for (int i = 0; i < 100; ++i) {
+    now += 7s;
+    EXPECT_EQ(apply_progress(st, {10, 100, 0, 0}, 30s, now), std::nullopt);
+  }
+  EXPECT_EQ(st, written) << "observedTime must not move while the values stay the same";
+}
+
+TEST(ApplyProgressTest, AChangeWaitsOutTheIntervalAndSaysHowLong) {
+  api::TrainingJobStatus st;
+  const api::Time t0 = at("2026-11-21T13:00:00Z");
+  apply_progress(st, {10, 100, 0, 0}, 30s, t0);
+  const api::TrainingJobStatus first = st;
+  // 10 s later the step moved: held back for 30 s + 1 s (second precision) from t0.
+  EXPECT_EQ(apply_progress(st, {20, 100, 0, 0}, 30s, t0 + 10s), std::chrono::milliseconds(21000));
+  EXPECT_EQ(st, first);
+  EXPECT_EQ(apply_progress(st, {30, 100, 0, 0}, 30s, t0 + 30s), std::chrono::milliseconds(1000));
+  EXPECT_EQ(st, first);
+  EXPECT_EQ(apply_progress(st, {30, 100, 0, 0}, 30s, t0 + 31s), std::nullopt);
+  EXPECT_EQ(st.progress->step, 30);
+  EXPECT_EQ(st.progress->observed_time, "2026-11-21T13:00:31Z");
+}
+
+TEST(ApplyProgressTest, AtMostOneChangePerIntervalOverTenMinutesOfSteadyTraining) {
+  // Every 250 ms of fake time a step finishes and the status is offered the new sample; count
+  // how often status.progress actually changes (= progress writes) and how far apart they are.
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00.000Z");
+  std::vector<api::Time> changes;
+  std::string last_observed;
+  for (int64_t step = 1; step <= 4 * 600; ++step) {
+    now += 250ms;
+    apply_progress(st, {step, 5000, 0, 0}, 30s, now);
+    if (st.progress->observed_time != last_observed) {
+      changes.push_back(now);
+      last_observed = st.progress->observed_time;
+    }
+  }
+  ASSERT_GE(changes.size(), 2u);
+  EXPECT_LE(changes.size(), 600u / 30u);
+  EXPECT_GE(changes.size(), 600u / 32u) << "the progress must keep moving, not only once";
+  for (size_t i = 1; i < changes.size(); ++i) {
+    EXPECT_GE(changes[i] - changes[i - 1], 30s) << "changes " << i - 1 << " and " << i;
+  }
+}
+
+// ---- the tracker: reads off the caller's thread
+
+struct FakeChief {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string exposition = kWorkerExposition;
+  bool reachable = true;
+  bool hold = false;  // blocks reads until released
+  int reads = 0;
+  std::string fetch(const MetricsEndpoint&) {
+    std::unique_lock lock(mu);
+    ++reads;
+    cv.wait(lock, [&] { return !hold; });
+    if (!reachable) throw Unavailable("connection refused");
+    return exposition;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu);
+      hold = false;
+    }
+    cv.notify_all();
+  }
+};
+
+ProgressTrackerOptions options_for(FakeChief& chief, std::atomic<int>* updates = nullptr) {
+  ProgressTrackerOptions o;
+  o.fetch = [&chief](const MetricsEndpoint& e, std::chrono::milliseconds) {
+    return chief.fetch(e);
+  };
+  o.on_update = [updates](const std::string&) {
+    if (updates) ++*updates;
+  };
+  return o;
+}
+
+const json kRunningChief =
+    chief_pod("Running", "10.0.0.7", {{{"name", "metrics"}, {"containerPort", 9400}}});
+
+TEST(ProgressTrackerTest, TrackNeverWaitsForASlowChief) {
+  FakeChief chief;
+  chief.hold = true;
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  const api::Time now = at("2026-11-21T13:00:00Z");
+  // The read hangs; track() returns at once with nothing to apply and a time to come back.
+  const auto wait = tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  EXPECT_EQ(wait, std::chrono::milliseconds(30000));
+  EXPECT_FALSE(st.progress);
+  EXPECT_FALSE(tracker.wait_idle(50ms)) << "the read should still be in flight";
+  // A second reconcile while the read hangs starts no second read.
+  tracker.track("ns/j", &kRunningChief, 30s, st, now + 40s);
+  chief.release();
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  EXPECT_EQ(chief.reads, 1);
+  tracker.track("ns/j", &kRunningChief, 30s, st, now + 41s);
+  ASSERT_TRUE(st.progress);
+  EXPECT_EQ(st.progress->steps, "1200/5000");
+}
+
+TEST(ProgressTrackerTest, ReadsOncePerIntervalAndReportsOnlyNewValues) {
+  FakeChief chief;
+  std::atomic<int> updates{0};
+  ProgressTracker tracker(options_for(chief, &updates));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  // Ten minutes of reconciles every 2 s of fake time, the chief's values unchanged.
+  for (int i = 0; i < 300; ++i) {
+    tracker.track("ns/j", &kRunningChief, 30s, st, now);
+    ASSERT_TRUE(tracker.wait_idle(10s));
+    now += 2s;
+  }
+  EXPECT_EQ(chief.reads, 20) << "one read per 30 s in 600 s";
+  EXPECT_EQ(updates.load(), 1) << "only the first read brought new values";
+}
+
+TEST(ProgressTrackerTest, AnUnreachableChiefKeepsTheLastProgressAndIsNoError) {
+  FakeChief chief;
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  tracker.track("ns/j", &kRunningChief, 10s, st, now);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  tracker.track("ns/j", &kRunningChief, 10s, st, now);
+  ASSERT_TRUE(st.progress);
+  const api::TrainingJobStatus good = st;
+  {
+    std::lock_guard lock(chief.mu);
+    chief.reachable = false;
+  }
+  for (int i = 0; i < 5; ++i) {
+    now += 11s;
+    EXPECT_NO_THROW(tracker.track("ns/j", &kRunningChief, 10s, st, now));
+    ASSERT_TRUE(tracker.wait_idle(10s));
+  }
+  EXPECT_EQ(chief.reads, 6) << "an unreachable chief is still tried once per interval";
+  EXPECT_EQ(st, good);
+  // Garbage instead of metrics is no progress either.
+  {
+    std::lock_guard lock(chief.mu);
+    chief.reachable = true;
+    chief.exposition = "<html>not metrics</html>";
+  }
+  now += 11s;
+  tracker.track("ns/j", &kRunningChief, 10s, st, now);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  tracker.track("ns/j", &kRunningChief, 10s, st, now);
+  EXPECT_EQ(st, good);
+}
+
+TEST(ProgressTrackerTest, ANewChiefIncarnationIsReadAtOnceAndNoChiefStartsNoRead) {
+  FakeChief chief;
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  const api::Time now = at("2026-11-21T13:00:00Z");
+  EXPECT_EQ(tracker.track("ns/j", nullptr, 30s, st, now), std::nullopt);
+  const json pending = chief_pod("Pending", "", {{{"name", "metrics"}, {"containerPort", 9400}}});
+  EXPECT_EQ(tracker.track("ns/j", &pending, 30s, st, now), std::nullopt);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  EXPECT_EQ(chief.reads, 0);
+  tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  const json restarted =
+      chief_pod("Running", "10.0.0.99", {{{"name", "metrics"}, {"containerPort", 9400}}});
+  tracker.track("ns/j", &restarted, 30s, st, now + 1s);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  EXPECT_EQ(chief.reads, 2);
+}
+
+// ---- fetch_metrics against real sockets
+
+TEST(FetchMetricsTest, ReadsTheBodyOfA200) {
+  http::Server server("test metrics", "127.0.0.1", 0, [](std::string_view, std::string_view path) {
+    return path == "/metrics" ? http::Response{200, "text/plain", kWorkerExposition}
+                              : http::Response{404, "text/plain", "no"};
+  });
+  server.start();
+  const std::string body = fetch_metrics({"127.0.0.1", server.port()}, 5000ms);
+  EXPECT_EQ(body, kWorkerExposition);
+  EXPECT_EQ(parse_progress_metrics(body), (ProgressSample{1200, 5000, 1000, 1763730000}));
+}
+
+TEST(FetchMetricsTest, FailuresAreUnavailableNamingTheEndpoint) {
+  http::Server server("test metrics", "127.0.0.1", 0, [](std::string_view, std::string_view) {
+    return http::Response{500, "text/plain", "boom"};
+  });
+  server.start();
+  try {
+    fetch_metrics({"127.0.0.1", server.port()}, 5000ms);
+    ADD_FAILURE() << "a 500 was accepted";
+  } catch (const Unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(server.port()) +
+                                         "/metrics: HTTP status 500"),
+              std::string::npos)
+        << e.what();
+  }
+  const int closed = server.port();
+  server.stop();
+  EXPECT_THROW(fetch_metrics({"127.0.0.1", closed}, 5000ms), Unavailable);
+  EXPECT_THROW(fetch_metrics({"not-an-ip", 9400}, 5000ms), Unavailable);
+}
+
+TEST(FetchMetricsTest, ASilentChiefCostsAtMostTheDeadline) {
+  // A socket that listens but never accepts: the connection completes in the backlog and no
+  // byte ever comes back.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  try {
+    fetch_metrics({"127.0.0.1", port}, 300ms);
+    ADD_FAILURE() << "a silent server answered";
+  } catch (const Unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("no answer within 300 ms"), std::string::npos) << e.what();
+  }
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace longhaul::controller
