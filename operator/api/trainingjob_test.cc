@@ -31,6 +31,7 @@ TEST(ParseSpec, AppliesTheSchemaDefaults) {
   EXPECT_EQ(s.run_policy.clean_pod_policy, CleanPodPolicy::kRunning);
   EXPECT_FALSE(s.run_policy.suspend);
   EXPECT_EQ(s.success_policy, SuccessPolicy::kChiefSucceeds);
+  EXPECT_EQ(s.progress_interval_seconds, 30);
   ASSERT_TRUE(s.chief());
   EXPECT_EQ(s.chief()->first, ReplicaType::kWorker);
 }
@@ -109,6 +110,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "spec.replicaSpecs.Worker.restartPolicy: unsupported value \"Always\""},
         BadSpec{"NegativeBackoffLimit", R"({"runPolicy":{"backoffLimit":-1}})",
                 "spec.runPolicy.backoffLimit: must be >= 0"},
+        BadSpec{"ProgressIntervalBelowTheMinimum", R"({"progressIntervalSeconds":1})",
+                "spec.progressIntervalSeconds: must be >= 5"},
         BadSpec{"BadScope", R"({"runPolicy":{"restartScope":"Node"}})",
                 "spec.runPolicy.restartScope: unsupported value"},
         BadSpec{"ExitCodeOutOfRange", R"({"runPolicy":{"retryableExitCodes":[0]}})",
@@ -367,9 +370,13 @@ TEST(Status, RoundTripsThroughJson) {
   s.restart_attempt = 3;
   s.observed_generation = 2;
   s.start_time = "2026-11-21T13:00:00Z";
+  s.progress = TrainingProgress{
+      1200, 5000, 1000, "2026-11-21T12:59:00Z", "2026-11-21T13:00:06Z", "1200/5000"};
   set_condition(s, condition::kRunning, "True", reason::kAllReplicasRunning, "",
                 parse_time("2026-11-21T13:00:05Z"));
   const json j = to_json(s);
+  EXPECT_EQ(j["progress"]["steps"], "1200/5000");
+  EXPECT_EQ(j["progress"]["lastCheckpointTime"], "2026-11-21T12:59:00Z");
   EXPECT_EQ(j["replicaStatuses"]["Worker"]["ready"], 1);
   EXPECT_EQ(j["conditions"][0]["lastTransitionTime"], "2026-11-21T13:00:05Z");
   EXPECT_EQ(parse_status(j), s);

@@ -4,6 +4,7 @@
 // rules, also with field validation off, i.e. `kubectl apply --validate=false`), every field
 // has a description for `kubectl explain`, and `kubectl get tj` (-o wide) shows the printer
 // columns with the status values.
+#include <ctime>
 #include <regex>
 #include <set>
 #include <thread>
@@ -29,6 +30,16 @@ class CrdTest : public RealServerTest {
     }
   }
 };
+
+// RFC 3339 in UTC, second precision, as the operator writes times.
+std::string api_time(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
 
 json valid_job(const std::string& name) {
   const json tmpl = {
@@ -112,6 +123,7 @@ TEST_F(CrdTest, ServerAppliesTheSchemaDefaults) {
   EXPECT_EQ(spec["runPolicy"]["cleanPodPolicy"], "Running");
   EXPECT_EQ(spec["runPolicy"]["backoff"]["initialSeconds"], 10);
   EXPECT_EQ(spec["successPolicy"], "ChiefSucceeds");
+  EXPECT_EQ(spec["progressIntervalSeconds"], 30);
 }
 
 // One invalid TrainingJob: how it differs from valid_job() and what the refusal must say.
@@ -253,7 +265,10 @@ INSTANTIATE_TEST_SUITE_P(
                 },
                 "spec.runPolicy.suspend", ""},
         Invalid{"UnknownSuccessPolicy", [](json& s) { s["successPolicy"] = "AnyWorker"; },
-                "spec.successPolicy", "AnyWorker"}),
+                "spec.successPolicy", "AnyWorker"},
+        Invalid{"ProgressIntervalBelowTheMinimum",
+                [](json& s) { s["progressIntervalSeconds"] = 1; }, "spec.progressIntervalSeconds",
+                "greater than or equal to 5"}),
     [](const ::testing::TestParamInfo<Invalid>& info) { return info.param.name; });
 
 TEST_F(CrdTest, AJobWithoutSpecIsRefused) {
@@ -322,11 +337,28 @@ TEST_F(CrdTest, EveryFieldHasADescriptionForKubectlExplain) {
 TEST_F(CrdTest, KubectlGetShowsThePrinterColumnsWithStatusValues) {
   const std::string ns = fresh_namespace();
   json created = plane().call("POST", kJobs + ns + "/trainingjobs", valid_job("columns"));
-  created["status"] = {{"phase", "Running"},     {"chiefPod", "columns-chief-0"},
-                       {"ready", "3/3"},         {"restartCount", 4},
-                       {"preemptionCount", 2},   {"failureCount", 1},
-                       {"failureBudget", "1/6"}, {"observedGeneration", 1}};
-  plane().call("PUT", kJobs + ns + "/trainingjobs/columns/status", created);
+  // The last checkpoint 3 days ago (kubectl shows "3d" for 3 days and a few seconds), as the
+  // operator writes status.progress.
+  const std::string checkpoint_time =
+      api_time(std::chrono::system_clock::now() - std::chrono::hours(72));
+  created["status"] = {{"phase", "Running"},
+                       {"chiefPod", "columns-chief-0"},
+                       {"ready", "3/3"},
+                       {"restartCount", 4},
+                       {"preemptionCount", 2},
+                       {"failureCount", 1},
+                       {"failureBudget", "1/6"},
+                       {"observedGeneration", 1},
+                       {"progress",
+                        {{"step", 1200},
+                         {"maxSteps", 5000},
+                         {"steps", "1200/5000"},
+                         {"lastCheckpointStep", 1000},
+                         {"lastCheckpointTime", checkpoint_time},
+                         {"observedTime", api_time(std::chrono::system_clock::now())}}}};
+  const json stored = plane().call("PUT", kJobs + ns + "/trainingjobs/columns/status", created);
+  EXPECT_EQ(stored["status"]["progress"], created["status"]["progress"])
+      << "the server pruned or changed status.progress";
 
   // What `kubectl get tj` / `-o wide` ask for: the server-side Table.
   const auto r = plane().request("GET", kJobs + ns + "/trainingjobs/columns", "", "",
@@ -340,22 +372,50 @@ TEST_F(CrdTest, KubectlGetShowsThePrinterColumnsWithStatusValues) {
     names.push_back(c["name"]);
     priority[c["name"]] = c.value("priority", 0);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"Name", "Phase", "Chief", "Ready", "Restarts",
-                                             "Preemptions", "Failures", "Age"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"Name", "Phase", "Step", "Last-Ckpt", "Chief", "Ready",
+                                             "Restarts", "Preemptions", "Failures", "Age"}));
   EXPECT_EQ(priority["Failures"], 1) << "FAILURES belongs to -o wide only";
   EXPECT_EQ(priority["Phase"], 0);
+  EXPECT_EQ(priority["Step"], 0) << "STEP belongs to the default view";
+  EXPECT_EQ(priority["Last-Ckpt"], 0);
   ASSERT_EQ(table["rows"].size(), 1u);
   const json& cells = table["rows"][0]["cells"];
   ASSERT_EQ(cells.size(), names.size());
   EXPECT_EQ(cells[0], "columns");
   EXPECT_EQ(cells[1], "Running");
-  EXPECT_EQ(cells[2], "columns-chief-0");
-  EXPECT_EQ(cells[3], "3/3");
-  EXPECT_EQ(cells[4], 4);
-  EXPECT_EQ(cells[5], 2);
-  EXPECT_EQ(cells[6], "1/6");
-  EXPECT_TRUE(std::regex_match(cells[7].get<std::string>(), std::regex("[0-9]+s")))
-      << "AGE: " << cells[7];
+  EXPECT_EQ(cells[2], "1200/5000");
+  EXPECT_EQ(cells[3], "3d") << "LAST-CKPT is the checkpoint's age";
+  EXPECT_EQ(cells[4], "columns-chief-0");
+  EXPECT_EQ(cells[5], "3/3");
+  EXPECT_EQ(cells[6], 4);
+  EXPECT_EQ(cells[7], 2);
+  EXPECT_EQ(cells[8], "1/6");
+  EXPECT_TRUE(std::regex_match(cells[9].get<std::string>(), std::regex("[0-9]+s")))
+      << "AGE: " << cells[9];
+
+  // A job whose chief has not been read yet: the columns are empty, not an error.
+  plane().call("POST", kJobs + ns + "/trainingjobs", valid_job("fresh"));
+  const auto fresh = plane().request("GET", kJobs + ns + "/trainingjobs/fresh", "", "",
+                                     "application/json;as=Table;v=v1;g=meta.k8s.io");
+  ASSERT_EQ(fresh.status, 200) << fresh.body;
+  const json fresh_cells = json::parse(fresh.body)["rows"][0]["cells"];
+  EXPECT_TRUE(fresh_cells[2].is_null() || fresh_cells[2] == "") << fresh_cells;
+  EXPECT_TRUE(fresh_cells[3].is_null() || fresh_cells[3] == "" || fresh_cells[3] == "<unknown>")
+      << fresh_cells;
+}
+
+// status.progress values the server must refuse (the operator never writes them).
+TEST_F(CrdTest, StatusProgressIsValidated) {
+  const std::string ns = fresh_namespace();
+  json created = plane().call("POST", kJobs + ns + "/trainingjobs", valid_job("progress"));
+  created["status"] = {{"progress", {{"step", -1}}}};
+  auto r = plane().request("PUT", kJobs + ns + "/trainingjobs/progress/status", created.dump());
+  EXPECT_EQ(r.status, 422) << r.body;
+  EXPECT_NE(r.body.find("status.progress.step"), std::string::npos) << r.body;
+  created["status"] = {{"progress", {{"step", 3}, {"lastCheckpointTime", "yesterday"}}}};
+  r = plane().request("PUT", kJobs + ns + "/trainingjobs/progress/status", created.dump());
+  EXPECT_EQ(r.status, 422) << r.body;
+  EXPECT_NE(r.body.find("status.progress.lastCheckpointTime"), std::string::npos) << r.body;
 }
 
 }  // namespace
