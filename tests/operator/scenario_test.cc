@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
+#include "longhaul/base/http_server.h"
 #include "longhaul/controller/controller.h"
 #include "longhaul/kube/leader_election.h"
 
@@ -484,6 +485,81 @@ TEST_F(Scenario, LostLeaseMidCreateStopsWrites) {
   server.clear_faults();
   EXPECT_EQ(server.count_requests({.verb = "create", .resource = "pods"}), after);
   lease_client->close();
+}
+
+// The chief's training progress over real HTTP: the operator reads the chief's metrics port (a
+// loopback server standing in for longhaul-worker's /metrics), writes status.progress at most
+// once per progressIntervalSeconds, and keeps it, without an error, once the chief is
+// unreachable.
+TEST_F(Scenario, ChiefProgressReachesStatusRateLimitedAndSurvivesAnUnreachableChief) {
+  std::mutex mu;
+  int64_t step = 1200;  // guarded by mu
+  bool moving = false;  // guarded by mu: each read finds the chief 7 steps further
+  http::Server chief("chief metrics", "127.0.0.1", 0, [&](std::string_view, std::string_view) {
+    std::lock_guard lock(mu);
+    if (moving) step += 7;
+    return http::Response{200, "text/plain; version=0.0.4",
+                          "longhaul_train_global_step{rank=\"0\"} " + std::to_string(step) +
+                              "\nlonghaul_train_max_steps{rank=\"0\"} 5000\n"
+                              "longhaul_checkpoint_last_step{rank=\"0\"} 1000\n"
+                              "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} "
+                              "1763730000\n"};
+  });
+  chief.start();
+  std::atomic<int> errors{0};
+  start_operator([&](ControllerOptions& o) {
+    o.on_reconcile = [&](std::string_view result, double) {
+      ++reconciles;
+      if (result == "error") ++errors;
+    };
+  });
+  json job = job_manifest("j", 1);
+  job["spec"]["progressIntervalSeconds"] = 5;
+  job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
+      {{"name", "metrics"}, {"containerPort", chief.port()}}};
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 2, 0); }));
+  server.patch_status("pods", "default", "j-chief-0", {{"podIP", "127.0.0.1"}});
+
+  // Read as soon as the chief has an IP, without waiting for the interval.
+  ASSERT_TRUE(wait([&] {
+    const auto p = status().progress;
+    return p && p->steps == "1200/5000";
+  })) << api::to_json(status()).dump();
+  const api::TrainingProgress first = *status().progress;
+  EXPECT_EQ(first.last_checkpoint_step, 1000);
+  EXPECT_EQ(first.last_checkpoint_time, "2025-11-21T13:00:00Z");
+  const fakeapi::RequestMatch status_writes{
+      .verb = "update", .resource = kJobs, .subresource = "status"};
+  const size_t writes_before = server.count_requests(status_writes);
+
+  // From now on the chief has moved at every read; status follows once per interval.
+  {
+    std::lock_guard lock(mu);
+    moving = true;
+  }
+  ASSERT_TRUE(wait([&] {
+    const auto p = status().progress;
+    return p && p->observed_time != first.observed_time;
+  })) << api::to_json(status()).dump();
+  const api::TrainingProgress second = *status().progress;
+  EXPECT_GT(second.step, first.step);
+  EXPECT_GE(api::parse_time(second.observed_time) - api::parse_time(first.observed_time), 5s);
+  EXPECT_EQ(server.count_requests(status_writes) - writes_before, 1u)
+      << "a chief that moves at every read costs one status write per interval";
+
+  // The chief becomes unreachable: reads fail, nothing is written, no reconcile errs, and the
+  // last progress stays. Two reads after the stop need at least 5 s; wait for three rounds of
+  // the interval's reconciles.
+  chief.stop();
+  const size_t writes_at_stop = server.count_requests(status_writes);
+  api::TrainingJobStatus kept = status();
+  const int reconciles_at_stop = reconciles.load();
+  ASSERT_TRUE(wait_local([&] { return reconciles.load() >= reconciles_at_stop + 3; }, 60s));
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(server.count_requests(status_writes), writes_at_stop);
+  EXPECT_EQ(status().progress, kept.progress);
+  EXPECT_EQ(status().phase, "Running");
 }
 
 }  // namespace
