@@ -247,6 +247,9 @@ std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
   next.steps = std::to_string(sample.step) +
                (sample.max_steps > 0 ? "/" + std::to_string(sample.max_steps) : std::string());
   if (status.progress) {
+    // A chief at step 0 without a checkpoint has not restored yet (a restarted incarnation
+    // serves its metrics before its session starts): never a step back to 0 over a recorded one.
+    if (sample.step == 0 && sample.last_checkpoint_unix == 0) return std::nullopt;
     next.observed_time = status.progress->observed_time;
     if (next == *status.progress) return std::nullopt;
     if (auto last = api::parse_time_or_null(status.progress->observed_time)) {

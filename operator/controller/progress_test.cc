@@ -201,6 +201,22 @@ TEST(ApplyProgressTest, AtMostOneChangePerIntervalOverTenMinutesOfSteadyTraining
   }
 }
 
+// Found by the end-to-end flagship: a restarted chief serves step 0 until it has restored, and
+// a job that finished soon after showed STEP 0/160 and no LAST-CKPT.
+TEST(ApplyProgressTest, ARestartedChiefThatHasNotRestoredYetIsNoStepBack) {
+  api::TrainingJobStatus st;
+  const api::Time t0 = at("2026-11-21T13:00:00Z");
+  apply_progress(st, {0, 160, 0, 0}, 5s, t0);
+  EXPECT_EQ(st.progress->steps, "0/160") << "a new job's chief is up at step 0";
+  apply_progress(st, {150, 160, 140, 1763730000}, 5s, t0 + 10s);
+  const api::TrainingJobStatus before_restart = st;
+  EXPECT_EQ(apply_progress(st, {0, 160, 0, 0}, 5s, t0 + 20s), std::nullopt);
+  EXPECT_EQ(st, before_restart);
+  // Once restored (from the checkpoint at 140), the step may go back: that is the truth.
+  apply_progress(st, {141, 160, 140, 1763730000}, 5s, t0 + 30s);
+  EXPECT_EQ(st.progress->steps, "141/160");
+}
+
 // ---- the tracker: reads off the caller's thread
 
 struct FakeChief {

@@ -21,6 +21,7 @@
 #include <longhaul/supervisor/events.h>
 #include <longhaul/supervisor/safetensors.h>
 
+#include "longhaul/testing/loopback.h"
 #include "scenario_util.h"
 
 namespace longhaul::e2e {
@@ -200,6 +201,14 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   }
   const int64_t max_steps = job_max_steps(job);
   const std::vector<std::string> args = container_args(job);
+  // The chief serves its metrics on a free local port (the local kubelet does not rewrite
+  // literal ports; only the chief serves, so no two pods collide); the operator reads its
+  // progress from there into status.progress (the STEP and LAST-CKPT columns).
+  const int metrics_port = longhaul::testing::free_loopback_port();
+  json& chief_container = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
+  chief_container["args"].push_back("--metrics-port=" + std::to_string(metrics_port));
+  chief_container["ports"] = {{{"name", "metrics"}, {"containerPort", metrics_port}}};
+  job["spec"]["progressIntervalSeconds"] = 5;
   cluster->apply(job);
   const fs::path logdir = cluster->claim_dir("default", "tiny-logdir");
   const std::string chief = "tiny-chief-0", worker = "tiny-worker-0";
@@ -211,6 +220,14 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   ASSERT_TRUE(eventually([&] { return group_running(0) && latest() >= max_steps / 4; }, 180s))
       << context();
   EXPECT_NE(node_of(chief), node_of(worker));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto p = status().progress;
+        return p && p->step > 0;
+      },
+      60s))
+      << "the chief's step never reached status.progress" << context();
+  const int64_t first_progress = status().progress->step;
   const int64_t before_first = latest();
   cluster->kubelet().preempt("default", chief);
   ASSERT_TRUE(eventually([&] { return status().preemption_count == 1 && group_running(1); }, 120s))
@@ -233,6 +250,14 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   EXPECT_EQ(st.preemption_count, 2);
   EXPECT_EQ(st.restart_count, 3);
   EXPECT_EQ(st.failure_count, 1);  // the chief's exit 138 after losing its peer
+  // STEP rose while the job trained through its restarts; LAST-CKPT names a real checkpoint.
+  ASSERT_TRUE(st.progress);
+  EXPECT_GT(st.progress->step, first_progress);
+  EXPECT_EQ(st.progress->max_steps, max_steps);
+  EXPECT_EQ(st.progress->steps,
+            std::to_string(st.progress->step) + "/" + std::to_string(max_steps));
+  EXPECT_GT(st.progress->last_checkpoint_step, 0);
+  EXPECT_FALSE(st.progress->last_checkpoint_time.empty());
 
   const auto state = final_checkpoint_state(logdir, max_steps);
   ASSERT_TRUE(state);
