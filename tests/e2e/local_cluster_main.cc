@@ -61,6 +61,11 @@ std::string summary(const json& job) {
       << " preemptions=" << st.value("preemptionCount", 0)
       << " failures=" << st.value("failureBudget", std::to_string(st.value("failureCount", 0)))
       << " attempt=" << st.value("restartAttempt", 0) << " chief=" << st.value("chiefPod", "-");
+  // The chief's progress, when its metrics port is declared (status.progress).
+  if (const json progress = st.value("progress", json::object()); progress.contains("steps")) {
+    out << " step=" << progress.value("steps", "")
+        << " last-ckpt-step=" << progress.value("lastCheckpointStep", int64_t{0});
+  }
   // The newest condition says why.
   std::string latest_time, latest;
   for (const json& c : st.value("conditions", json::array())) {
