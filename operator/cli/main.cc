@@ -88,7 +88,7 @@ int run(int argc, char** argv) {
   client_options.qps = qps;
   client_options.burst = burst;
   client_options.observer = [&metrics](const kube::RequestObservation& o) {
-    metrics.api_request(o.verb, o.code);
+    metrics.api_request(o.verb, o.code, o.duration.count());
   };
   auto client = std::make_shared<kube::HttpClient>(config, client_options);
 
@@ -96,6 +96,7 @@ int run(int argc, char** argv) {
   options.namespaces = namespaces;
   options.workers = workers;
   options.on_reconcile = [&metrics](std::string_view r, double s) { metrics.reconcile(r, s); };
+  options.on_reconcile_cpu = [&metrics](double s) { metrics.reconcile_cpu(s); };
   options.on_queue_depth = [&metrics](size_t d) { metrics.queue_depth(d); };
   options.on_queue_latency = [&metrics](double s) { metrics.queue_latency(s); };
   options.reconciler.on_restart = [&metrics](std::string_view r) { metrics.pod_restart(r); };

@@ -23,6 +23,19 @@ OperatorMetrics::OperatorMetrics(const std::string& bind_address, const std::str
                               .Help("Time spent in one reconcile of one TrainingJob")
                               .Register(*registry_)
                               .Add({}, kLatencyBuckets)),
+      reconcile_cpu_(prometheus::BuildHistogram()
+                         .Name("longhaul_operator_reconcile_cpu_seconds")
+                         .Help("CPU time of the worker thread in one reconcile (the operator's "
+                               "own time, without waiting for the API server)")
+                         .Register(*registry_)
+                         .Add({}, kLatencyBuckets)),
+      api_request_duration_(prometheus::BuildHistogram()
+                                .Name("longhaul_operator_api_request_duration_seconds")
+                                .Help("Kubernetes API request latency (not watches), sent until "
+                                      "answered; the client-side rate limit's wait is not "
+                                      "included")
+                                .Register(*registry_)
+                                .Add({}, kLatencyBuckets)),
       jobs_(prometheus::BuildGauge()
                 .Name("longhaul_operator_jobs")
                 .Help("TrainingJobs known to this operator by phase")
@@ -83,6 +96,8 @@ void OperatorMetrics::reconcile(std::string_view result, double seconds) {
   reconcile_duration_.Observe(seconds);
 }
 
+void OperatorMetrics::reconcile_cpu(double seconds) { reconcile_cpu_.Observe(seconds); }
+
 void OperatorMetrics::job_phase(const std::string& key, const std::string& phase) {
   std::lock_guard lock(mu_);
   auto it = phase_of_.find(key);
@@ -102,8 +117,10 @@ void OperatorMetrics::pod_restart(std::string_view reason) {
   cached(pod_restarts_, counter_cache_, {{"reason", std::string(reason)}}).Increment();
 }
 
-void OperatorMetrics::api_request(const std::string& verb, const std::string& code) {
+void OperatorMetrics::api_request(const std::string& verb, const std::string& code,
+                                  double seconds) {
   cached(api_requests_, counter_cache_, {{"verb", verb}, {"code", code}}).Increment();
+  if (verb != "watch") api_request_duration_.Observe(seconds);
 }
 
 void OperatorMetrics::queue_depth(size_t depth) { queue_depth_.Set(static_cast<double>(depth)); }

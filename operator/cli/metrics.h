@@ -27,9 +27,11 @@ class OperatorMetrics {
   int port() const;
 
   void reconcile(std::string_view result, double seconds);           // success|error|requeue
+  void reconcile_cpu(double seconds);                                // the worker thread's CPU
   void job_phase(const std::string& key, const std::string& phase);  // "" when gone
   void pod_restart(std::string_view reason);
-  void api_request(const std::string& verb, const std::string& code);
+  // `seconds`: sending until the answer (not the client's rate-limit wait).
+  void api_request(const std::string& verb, const std::string& code, double seconds);
   void queue_depth(size_t depth);
   void queue_latency(double seconds);
   void set_leader(bool leader);
@@ -42,6 +44,8 @@ class OperatorMetrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Counter>& reconciles_;
   prometheus::Histogram& reconcile_duration_;
+  prometheus::Histogram& reconcile_cpu_;
+  prometheus::Histogram& api_request_duration_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Counter>& pod_restarts_;
   prometheus::Family<prometheus::Counter>& api_requests_;

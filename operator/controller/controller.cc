@@ -1,6 +1,8 @@
 // The controller loop (see controller.h).
 #include "longhaul/controller/controller.h"
 
+#include <time.h>
+
 #include "longhaul/api/trainingjob.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
@@ -22,6 +24,13 @@ bool status_only_change(const json& old_job, const json& new_job) {
     if (a.value(key, json()) != b.value(key, json())) return false;
   }
   return old_job.value("spec", json()) == new_job.value("spec", json());
+}
+
+// CPU time of the calling thread.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 }  // namespace
@@ -248,6 +257,7 @@ void Controller::worker_loop() {
     const auto key = queue.get_for(std::chrono::milliseconds(200));
     if (!key) continue;
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = thread_cpu_seconds();
     const auto slash = key->find('/');
     const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);
     const std::string name = slash == std::string::npos ? *key : key->substr(slash + 1);
@@ -279,6 +289,7 @@ void Controller::worker_loop() {
       options_.on_reconcile(
           result, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
+    if (options_.on_reconcile_cpu) options_.on_reconcile_cpu(thread_cpu_seconds() - cpu_start);
   }
 }
 

@@ -51,6 +51,9 @@ struct ControllerOptions {
   // Metrics hooks.
   std::function<void(std::string_view result, double seconds)>
       on_reconcile;  // success|error|requeue
+  // CPU time the worker thread spent in one reconcile (the operator's own time: wall time less
+  // waiting for the API server, the client rate limit and other processes).
+  std::function<void(double cpu_seconds)> on_reconcile_cpu;
   std::function<void(size_t depth)> on_queue_depth;
   std::function<void(double seconds)> on_queue_latency;
 };
