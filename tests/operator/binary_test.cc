@@ -1,6 +1,7 @@
 // Tests of the longhaul-operator binary as a process against the fake API server: metrics and
 // probes, graceful SIGTERM, SIGKILL mid-flight and restart, and two replicas electing a leader.
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -142,6 +143,15 @@ TEST_F(Binary, ServesMetricsAndProbesReconcilesAndStopsOnSigterm) {
         "longhaul_operator_workqueue_depth", "longhaul_operator_workqueue_latency_seconds_count",
         "longhaul_operator_is_leader 1", "longhaul_operator_build_info{version=\"0.1.0\"} 1"}) {
     EXPECT_NE(m.find(name), std::string::npos) << name;
+  }
+  // The operator's own time per reconcile and its API latency were observed (what
+  // bench/operator_bench reports), not merely declared.
+  for (const char* unobserved : {"longhaul_operator_reconcile_cpu_seconds_count 0\n",
+                                 "longhaul_operator_api_request_duration_seconds_count 0\n"}) {
+    EXPECT_EQ(m.find(unobserved), std::string::npos) << m;
+    EXPECT_NE(m.find(std::string(unobserved).substr(0, std::strlen(unobserved) - 3)),
+              std::string::npos)
+        << m;
   }
   op.kill(SIGTERM);
   EXPECT_EQ(op.wait_exit(15s), 0) << op.log();
