@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/base/http_server.h"
 #include "longhaul/controller/controller.h"
 #include "longhaul/envtest/fake_kubelet.h"
 #include "longhaul/envtest/gtest.h"
@@ -470,6 +471,56 @@ TEST_F(RealScenario, NoWritesOnceConverged) {
     }
   }
   EXPECT_EQ(quiet_rounds, 3) << ::testing::PrintToString(writes);
+}
+
+// The chief's progress as the operator writes it (read from a loopback server standing in for
+// longhaul-worker's /metrics): the real server accepts it and serves the STEP and LAST-CKPT
+// columns of `kubectl get tj` from it.
+TEST_F(RealScenario, ChiefProgressFromItsMetricsShowsInKubectlGet) {
+  const int64_t checkpoint_unix =
+      std::chrono::duration_cast<std::chrono::seconds>(
+          (std::chrono::system_clock::now() - std::chrono::hours(72)).time_since_epoch())
+          .count();
+  http::Server chief("chief metrics", "127.0.0.1", 0, [&](std::string_view, std::string_view) {
+    return http::Response{200, "text/plain; version=0.0.4",
+                          "longhaul_train_global_step{rank=\"0\"} 1200\n"
+                          "longhaul_train_max_steps{rank=\"0\"} 5000\n"
+                          "longhaul_checkpoint_last_step{rank=\"0\"} 1000\n"
+                          "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} " +
+                              std::to_string(checkpoint_unix) + "\n"};
+  });
+  chief.start();
+  start_operator();
+  json job = job_manifest("j", 1);
+  job["spec"]["progressIntervalSeconds"] = 5;
+  job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
+      {{"name", "metrics"}, {"containerPort", chief.port()}}};
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 2, 0); }));
+  // The IP a kubelet reports; the chief's metrics server listens there.
+  admin->patch(kube::resources::kPods, ns, "j-chief-0",
+               {{"status", {{"podIP", "127.0.0.1"}, {"podIPs", {{{"ip", "127.0.0.1"}}}}}}},
+               kube::PatchType::kMerge, /*status_subresource=*/true);
+  ASSERT_TRUE(eventually([&] {
+    const auto p = status().progress;
+    return p && p->steps == "1200/5000";
+  })) << api::to_json(status()).dump();
+  for (const std::string& w : operator_writes("trainingjobs")) {
+    EXPECT_EQ(w.substr(w.size() - 4), " 200") << "a status write the server refused: " << w;
+  }
+
+  const auto r =
+      plane().request("GET", "/apis/longhaul.dev/v1alpha1/namespaces/" + ns + "/trainingjobs/j", "",
+                      "", "application/json;as=Table;v=v1;g=meta.k8s.io");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json table = json::parse(r.body);
+  std::map<std::string, json> cells;
+  for (size_t i = 0; i < table["columnDefinitions"].size(); ++i) {
+    cells[table["columnDefinitions"][i]["name"]] = table["rows"][0]["cells"][i];
+  }
+  EXPECT_EQ(cells["Step"], "1200/5000");
+  EXPECT_EQ(cells["Last-Ckpt"], "3d");
+  EXPECT_EQ(cells["Phase"], "Running");
 }
 
 // ---- the longhaul-operator binary on the real server ----
