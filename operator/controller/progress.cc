@@ -252,7 +252,10 @@ std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
     if (sample.step == 0 && sample.last_checkpoint_unix == 0) return std::nullopt;
     next.observed_time = status.progress->observed_time;
     if (next == *status.progress) return std::nullopt;
-    if (auto last = api::parse_time_or_null(status.progress->observed_time)) {
+    // An observedTime further in the future than one interval was written by a clock that was
+    // wrong (another operator replica before a leader change): it does not hold changes back.
+    if (auto last = api::parse_time_or_null(status.progress->observed_time);
+        last && *last <= now + interval) {
       const api::Time allowed = *last + interval + std::chrono::seconds(1);
       if (now < allowed) {
         return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(allowed - now));

@@ -201,6 +201,17 @@ TEST(ApplyProgressTest, AtMostOneChangePerIntervalOverTenMinutesOfSteadyTraining
   }
 }
 
+TEST(ApplyProgressTest, AnObservedTimeFromAClockFarAheadDoesNotFreezeTheProgress) {
+  api::TrainingJobStatus st;
+  const api::Time now = at("2026-11-21T13:00:00Z");
+  apply_progress(st, {10, 100, 0, 0}, 30s, now + std::chrono::hours(5));  // a skewed replica
+  EXPECT_EQ(apply_progress(st, {20, 100, 0, 0}, 30s, now), std::nullopt);
+  EXPECT_EQ(st.progress->step, 20);
+  EXPECT_EQ(st.progress->observed_time, "2026-11-21T13:00:00Z");
+  // A little ahead (within one interval) still counts, as any recent write does.
+  EXPECT_EQ(apply_progress(st, {30, 100, 0, 0}, 30s, now - 20s), std::chrono::milliseconds(51000));
+}
+
 // Found by the end-to-end flagship: a restarted chief serves step 0 until it has restored, and
 // a job that finished soon after showed STEP 0/160 and no LAST-CKPT.
 TEST(ApplyProgressTest, ARestartedChiefThatHasNotRestoredYetIsNoStepBack) {

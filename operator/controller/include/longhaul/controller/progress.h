@@ -81,7 +81,8 @@ std::string fetch_metrics(const MetricsEndpoint& endpoint, std::chrono::millisec
 // nothing and returns how long until it may (status times have second precision, so that is
 // observedTime + interval + 1 s, which keeps two writes at least `interval` apart). A change
 // stamps observedTime = now. A sample of step 0 without a checkpoint (a restarted chief that has
-// not restored yet) never replaces a recorded progress; it is shown only for a new job.
+// not restored yet) never replaces a recorded progress; it is shown only for a new job. An
+// observedTime more than `interval` ahead of `now` (a skewed clock) holds nothing back.
 std::optional<std::chrono::milliseconds> apply_progress(api::TrainingJobStatus& status,
                                                         const ProgressSample& sample,
                                                         std::chrono::seconds interval,
