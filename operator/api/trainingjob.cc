@@ -94,8 +94,11 @@ constexpr std::pair<const char*, RestartPolicy> kRestartPolicies[] = {
     {"Never", RestartPolicy::kNever},
     {"OnFailure", RestartPolicy::kOnFailure},
     {"ExitCode", RestartPolicy::kExitCode}};
-constexpr std::pair<const char*, RestartScope> kRestartScopes[] = {{"Group", RestartScope::kGroup},
-                                                                   {"Pod", RestartScope::kPod}};
+// "Pod" (the name before Replica) is still read; it is written back as Replica.
+constexpr std::pair<const char*, RestartScope> kRestartScopes[] = {
+    {"Replica", RestartScope::kReplica},
+    {"Group", RestartScope::kGroup},
+    {"Pod", RestartScope::kReplica}};
 constexpr std::pair<const char*, CleanPodPolicy> kCleanPodPolicies[] = {
     {"Running", CleanPodPolicy::kRunning},
     {"All", CleanPodPolicy::kAll},
@@ -273,7 +276,7 @@ TrainingJobSpec parse_spec(const json& spec) {
     expect_object(*rp, path);
     RunPolicy& p = out.run_policy;
     p.backoff_limit = static_cast<int32_t>(get_int(*rp, "backoffLimit", path, 6, 0, INT32_MAX));
-    p.restart_scope = get_enum(*rp, "restartScope", path, RestartScope::kGroup, kRestartScopes);
+    p.restart_scope = get_enum(*rp, "restartScope", path, RestartScope::kReplica, kRestartScopes);
     p.retryable_exit_codes = get_exit_codes(*rp, "retryableExitCodes", path);
     p.permanent_exit_codes = get_exit_codes(*rp, "permanentExitCodes", path);
     for (int32_t c : p.retryable_exit_codes) {
@@ -450,6 +453,22 @@ TrainingJobStatus parse_status(const json& status) {
   s.failure_budget = lenient<std::string>(status, "failureBudget", "");
   s.chief_pod = lenient<std::string>(status, "chiefPod", "");
   s.restart_attempt = lenient<int64_t>(status, "restartAttempt", 0);
+  if (auto it = status.find("groupRestartAttempt"); it != status.end() && it->is_number_integer()) {
+    s.group_restart_attempt = it->get<int64_t>();
+  }
+  s.recoveries = lenient<int32_t>(status, "recoveries", 0);
+  s.recovering_since = lenient<std::string>(status, "recoveringSince", "");
+  if (auto it = status.find("lastRecoveryMilliseconds");
+      it != status.end() && it->is_number_integer()) {
+    s.last_recovery_milliseconds = it->get<int64_t>();
+  }
+  if (auto it = status.find("replicaFailures"); it != status.end() && it->is_object()) {
+    for (const auto& [k, v] : it->items()) {
+      if (!v.is_object()) continue;
+      s.replica_failures[k] =
+          ReplicaFailures{lenient<int32_t>(v, "count", 0), lenient<std::string>(v, "since", "")};
+    }
+  }
   s.next_restart_time = lenient<std::string>(status, "nextRestartTime", "");
   s.observed_generation = lenient<int64_t>(status, "observedGeneration", 0);
   s.start_time = lenient<std::string>(status, "startTime", "");
@@ -527,6 +546,17 @@ json to_json(const TrainingJobStatus& s) {
   if (!s.failure_budget.empty()) out["failureBudget"] = s.failure_budget;
   if (!s.chief_pod.empty()) out["chiefPod"] = s.chief_pod;
   out["restartAttempt"] = s.restart_attempt;
+  if (s.group_restart_attempt) out["groupRestartAttempt"] = *s.group_restart_attempt;
+  if (s.recoveries != 0) out["recoveries"] = s.recoveries;
+  if (!s.recovering_since.empty()) out["recoveringSince"] = s.recovering_since;
+  if (s.last_recovery_milliseconds) out["lastRecoveryMilliseconds"] = *s.last_recovery_milliseconds;
+  if (!s.replica_failures.empty()) {
+    json failures = json::object();
+    for (const auto& [pod, f] : s.replica_failures) {
+      failures[pod] = {{"count", f.count}, {"since", f.since}};
+    }
+    out["replicaFailures"] = std::move(failures);
+  }
   if (!s.next_restart_time.empty()) out["nextRestartTime"] = s.next_restart_time;
   out["observedGeneration"] = s.observed_generation;
   if (!s.start_time.empty()) out["startTime"] = s.start_time;
@@ -594,6 +624,16 @@ std::string format_time(Time t) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+std::string format_micro_time(Time t) {
+  const auto secs = std::chrono::floor<std::chrono::seconds>(t);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(t - secs).count();
+  std::string out = format_time(secs);
+  char frac[32];
+  std::snprintf(frac, sizeof frac, ".%06lldZ", static_cast<long long>(micros));
+  out.pop_back();  // the "Z"
+  return out + frac;
 }
 
 Time parse_time(std::string_view text) {

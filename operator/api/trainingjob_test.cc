@@ -27,13 +27,41 @@ TEST(ParseSpec, AppliesTheSchemaDefaults) {
   EXPECT_EQ(s.logdir.mount_path, "/logdir");
   EXPECT_EQ(s.logdir.reclaim_policy, ReclaimPolicy::kRetain);
   EXPECT_EQ(s.run_policy.backoff_limit, 6);
-  EXPECT_EQ(s.run_policy.restart_scope, RestartScope::kGroup);
+  EXPECT_EQ(s.run_policy.restart_scope, RestartScope::kReplica);
   EXPECT_EQ(s.run_policy.clean_pod_policy, CleanPodPolicy::kRunning);
   EXPECT_FALSE(s.run_policy.suspend);
   EXPECT_EQ(s.success_policy, SuccessPolicy::kChiefSucceeds);
   EXPECT_EQ(s.progress_interval_seconds, 30);
   ASSERT_TRUE(s.chief());
   EXPECT_EQ(s.chief()->first, ReplicaType::kWorker);
+}
+
+// "Pod", the former name of Replica, still parses (stored objects keep working) and is written
+// back under its new name.
+TEST(ParseSpec, RestartScopePodIsReadAsReplica) {
+  json j = minimal_spec();
+  j["runPolicy"] = {{"restartScope", "Pod"}};
+  const TrainingJobSpec s = parse_spec(j);
+  EXPECT_EQ(s.run_policy.restart_scope, RestartScope::kReplica);
+  EXPECT_EQ(to_json(s)["runPolicy"]["restartScope"], "Replica");
+}
+
+// The recovery state survives an operator restart only through the status round trip.
+TEST(ParseStatus, RecoveryFieldsRoundTrip) {
+  TrainingJobStatus st;
+  st.group_restart_attempt = 4;
+  st.recoveries = 3;
+  st.recovering_since = "2026-11-21T13:20:39.250000Z";
+  st.last_recovery_milliseconds = 4250;
+  st.replica_failures["j-worker-1"] = ReplicaFailures{2, "2026-11-21T13:10:00Z"};
+  const TrainingJobStatus back = parse_status(to_json(st));
+  EXPECT_EQ(back, st);
+  EXPECT_EQ(parse_time(st.recovering_since) - parse_time("2026-11-21T13:20:39Z"),
+            std::chrono::milliseconds(250));
+  EXPECT_EQ(format_micro_time(parse_time("2026-11-21T13:20:39Z") + std::chrono::microseconds(7)),
+            "2026-11-21T13:20:39.000007Z");
+  // A status written before these fields existed reads as "no group attempt recorded".
+  EXPECT_FALSE(parse_status(json::object()).group_restart_attempt);
 }
 
 TEST(ParseSpec, ChiefReplicaIsTheChief) {
@@ -52,7 +80,7 @@ TEST(ParseSpec, ReadsEveryField) {
                  {"accessModes", {"ReadWriteOnce"}},
                  {"mountPath", "/data"},
                  {"reclaimPolicy", "Delete"}};
-  j["runPolicy"] = json::parse(R"({"backoffLimit": 2, "restartScope": "Pod",
+  j["runPolicy"] = json::parse(R"({"backoffLimit": 2, "restartScope": "Group",
       "retryableExitCodes": [3], "permanentExitCodes": [137], "backoff": {"initialSeconds": 1,
       "maxSeconds": 4}, "nodeLostTimeoutSeconds": 5, "activeDeadlineSeconds": 60,
       "ttlSecondsAfterFinished": 0, "cleanPodPolicy": "All", "suspend": true})");
@@ -60,7 +88,7 @@ TEST(ParseSpec, ReadsEveryField) {
   const TrainingJobSpec s = parse_spec(j);
   EXPECT_EQ(s.logdir.storage_class_name, "nfs");
   EXPECT_EQ(s.logdir.reclaim_policy, ReclaimPolicy::kDelete);
-  EXPECT_EQ(s.run_policy.restart_scope, RestartScope::kPod);
+  EXPECT_EQ(s.run_policy.restart_scope, RestartScope::kGroup);
   EXPECT_EQ(s.run_policy.retryable_exit_codes, std::vector<int32_t>{3});
   EXPECT_EQ(s.run_policy.backoff.max_seconds, 4);
   EXPECT_EQ(*s.run_policy.active_deadline_seconds, 60);

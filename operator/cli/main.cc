@@ -100,6 +100,7 @@ int run(int argc, char** argv) {
   options.on_queue_depth = [&metrics](size_t d) { metrics.queue_depth(d); };
   options.on_queue_latency = [&metrics](double s) { metrics.queue_latency(s); };
   options.reconciler.on_restart = [&metrics](std::string_view r) { metrics.pod_restart(r); };
+  options.reconciler.on_recovery = [&metrics](double s) { metrics.recovery(s); };
   options.reconciler.on_phase = [&metrics](const std::string& k, const std::string& p) {
     metrics.job_phase(k, p);
   };

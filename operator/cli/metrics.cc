@@ -7,6 +7,9 @@ namespace {
 const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025,
     0.05,   0.1,   0.25,  0.5,   1,     2.5,    5,    10,    30};
+// From a replacement pod that starts at once to one that pulls an image or waits for a node.
+const prometheus::Histogram::BucketBoundaries kRecoveryBuckets = {0.5, 1,  2,   5,   10,  20,
+                                                                  30,  60, 120, 300, 600, 1800};
 const char* kPhases[] = {"Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"};
 
 }  // namespace
@@ -44,6 +47,13 @@ OperatorMetrics::OperatorMetrics(const std::string& bind_address, const std::str
                         .Name("longhaul_operator_pod_restarts_total")
                         .Help("Restart decisions by reason (preemption, retryable exit, ...)")
                         .Register(*registry_)),
+      recovery_duration_(
+          prometheus::BuildHistogram()
+              .Name("longhaul_operator_recovery_seconds")
+              .Help("restartScope Replica: time from a lost replica observed to every replica "
+                    "Running again, per recovery in place")
+              .Register(*registry_)
+              .Add({}, kRecoveryBuckets)),
       api_requests_(prometheus::BuildCounter()
                         .Name("longhaul_operator_api_requests_total")
                         .Help("Kubernetes API requests by verb and HTTP code")
@@ -116,6 +126,8 @@ void OperatorMetrics::job_phase(const std::string& key, const std::string& phase
 void OperatorMetrics::pod_restart(std::string_view reason) {
   cached(pod_restarts_, counter_cache_, {{"reason", std::string(reason)}}).Increment();
 }
+
+void OperatorMetrics::recovery(double seconds) { recovery_duration_.Observe(seconds); }
 
 void OperatorMetrics::api_request(const std::string& verb, const std::string& code,
                                   double seconds) {

@@ -30,6 +30,7 @@ class OperatorMetrics {
   void reconcile_cpu(double seconds);                                // the worker thread's CPU
   void job_phase(const std::string& key, const std::string& phase);  // "" when gone
   void pod_restart(std::string_view reason);
+  void recovery(double seconds);  // one in-place recovery (restartScope Replica) completed
   // `seconds`: sending until the answer (not the client's rate-limit wait).
   void api_request(const std::string& verb, const std::string& code, double seconds);
   void queue_depth(size_t depth);
@@ -48,6 +49,7 @@ class OperatorMetrics {
   prometheus::Histogram& api_request_duration_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Counter>& pod_restarts_;
+  prometheus::Histogram& recovery_duration_;
   prometheus::Family<prometheus::Counter>& api_requests_;
   prometheus::Gauge& queue_depth_;
   prometheus::Histogram& queue_latency_;

@@ -103,7 +103,7 @@ json owner_reference(const json& job) {
 }
 
 json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaType type, int index,
-               int64_t restart_attempt) {
+               int64_t restart_attempt, std::optional<int64_t> rendezvous_attempt) {
   const std::string job_n = job_name(job);
   const std::string ns = job_namespace(job);
   const api::ReplicaSpec& replica = spec.replica_specs.at(type);
@@ -175,7 +175,8 @@ json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaTy
       set_env(c, "LONGHAUL_RANK", std::to_string(rank));
       set_env(c, "LONGHAUL_WORLD_SIZE", std::to_string(chiefs + workers));
       set_env(c, "LONGHAUL_CHIEF_ADDRESS", chief_address);
-      set_env(c, "LONGHAUL_RESTART_ATTEMPT", std::to_string(restart_attempt));
+      set_env(c, "LONGHAUL_RESTART_ATTEMPT",
+              std::to_string(rendezvous_attempt.value_or(restart_attempt)));
       set_env(c, "LONGHAUL_LOGDIR", spec.logdir.mount_path);
       add_mount(c, spec.logdir.mount_path);
     }

@@ -9,6 +9,7 @@
 #include "longhaul/controller/children.h"
 #include "longhaul/controller/cleanup_policy.h"
 #include "longhaul/controller/failure_policy.h"
+#include "longhaul/controller/recovery_policy.h"
 #include "longhaul/controller/success_policy.h"
 #include "longhaul/kube/stop.h"
 
@@ -305,6 +306,7 @@ struct Reconciler::Pass {
     if (api::condition_true(st, api::condition::kRestarting)) {
       api::set_condition(st, api::condition::kRestarting, "False", reason, message, now);
     }
+    abandon_recovery(st, reason, message, now);
     st.next_restart_time.clear();
     if (st.completion_time.empty()) st.completion_time = api::format_time(now);
     event(ok ? "Normal" : "Warning", reason, message);
@@ -327,6 +329,22 @@ struct Reconciler::Pass {
     } else {
       requeue_in(until(now, limit));
     }
+  }
+
+  // restartScope Replica: re-creates `pod` alone under a new incarnation with the group's
+  // LONGHAUL_RESTART_ATTEMPT, so it rejoins the survivors, which are left untouched.
+  void replace_in_place(const std::string& pod, const std::string& reason,
+                        const std::string& message) {
+    if (!st.group_restart_attempt) st.group_restart_attempt = st.pods[pod].restart_attempt;
+    st.restart_attempt += 1;
+    st.restart_count += 1;
+    st.pods[pod] = api::PodRecord{st.restart_attempt, false, 0};
+    const std::string what = message + ": replacing pod " + ref(pod) + " in place";
+    begin_recovery(st, reason, what, now);
+    if (r.options_.on_restart) r.options_.on_restart(reason);
+    event("Warning", reason,
+          what + " (recovery " + std::to_string(st.recoveries) + ", restart attempt " +
+              std::to_string(st.restart_attempt) + ")");
   }
 
   void delete_pod(const ObservedPod& p, std::string_view reason, const std::string& why) {
@@ -493,6 +511,8 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
                            "the job is suspended", p.now);
       }
       st.restart_attempt += 1;
+      st.group_restart_attempt = st.restart_attempt;
+      abandon_recovery(st, api::reason::kSuspended, "the job is suspended", p.now);
       for (const Desired& d : desired)
         st.pods[d.pod] = api::PodRecord{st.restart_attempt, false, 0};
       st.start_time.clear();
@@ -676,6 +696,7 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         if (disrupted.size() > 1) msg += " and " + std::to_string(disrupted.size() - 1) + " more";
         restart(all_pods, disrupted.front().c.reason, msg + " (no failure budget spent)",
                 milliseconds(0));
+        st.group_restart_attempt = st.restart_attempt;
       } else {
         st.failure_count += 1;
         if (st.failure_count > policy.backoff_limit) {
@@ -685,23 +706,64 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
                   retryable.front().c.message + ", failures " + std::to_string(st.failure_count) +
                       "/" + std::to_string(policy.backoff_limit),
                   backoff_for_failures());
+          st.group_restart_attempt = st.restart_attempt;
         }
       }
-    } else if (policy.restart_scope == api::RestartScope::kPod) {
-      for (const Candidate& d : disrupted) {
-        st.preemption_count += 1;
-        restart({d.name}, d.c.reason, d.c.message + " (no failure budget spent)", milliseconds(0));
-      }
+    } else if (policy.restart_scope == api::RestartScope::kReplica &&
+               (!disrupted.empty() || !retryable.empty())) {
+      // restartScope Replica (recovery_policy.h): lost replicas are re-created alone and the
+      // survivors keep running; a replica that keeps failing, or one that asks for it (exit
+      // 138), restarts the whole group with the failure backoff.
+      const Candidate* group_cause = nullptr;
+      std::string_view group_reason;
       for (const Candidate& f : retryable) {
-        st.failure_count += 1;
-        if (st.failure_count > policy.backoff_limit) {
-          budget_exceeded(f.c.message);
+        if (f.c.exit_code == kGroupRestartExitCode) {
+          group_cause = &f;
+          group_reason = api::reason::kGroupRestartRequested;
           break;
         }
-        restart({f.name}, f.c.reason,
-                f.c.message + ", failures " + std::to_string(st.failure_count) + "/" +
-                    std::to_string(policy.backoff_limit),
-                backoff_for_failures());
+      }
+      for (const Candidate& f : retryable) {
+        if (group_cause) break;
+        if (replica_keeps_failing(st, f.name, p.now)) {
+          group_cause = &f;
+          group_reason = api::reason::kReplicaKeepsFailing;
+        }
+      }
+      if (group_cause) {
+        st.preemption_count += static_cast<int32_t>(disrupted.size());
+        st.failure_count += 1;
+        const std::string why =
+            group_cause->c.message +
+            (group_reason == api::reason::kGroupRestartRequested
+                 ? std::string(" (a new group attempt was asked for)")
+                 : " (replaced in place " + std::to_string(kReplicaFailuresBeforeGroupRestart) +
+                       " times within " + std::to_string(kReplicaFailureWindow.count()) + "s)");
+        abandon_recovery(st, group_reason, why + ": restarting the whole group", p.now);
+        if (st.failure_count > policy.backoff_limit) {
+          budget_exceeded(why);
+        } else {
+          restart(all_pods, std::string(group_reason),
+                  why + ", failures " + std::to_string(st.failure_count) + "/" +
+                      std::to_string(policy.backoff_limit),
+                  backoff_for_failures());
+          st.group_restart_attempt = st.restart_attempt;
+        }
+      } else {
+        for (const Candidate& d : disrupted) {
+          st.preemption_count += 1;
+          p.replace_in_place(d.name, d.c.reason, d.c.message + " (no failure budget spent)");
+        }
+        for (const Candidate& f : retryable) {
+          st.failure_count += 1;
+          if (st.failure_count > policy.backoff_limit) {
+            budget_exceeded(f.c.message);
+            break;
+          }
+          p.replace_in_place(f.name, f.c.reason,
+                             f.c.message + ", failures " + std::to_string(st.failure_count) + "/" +
+                                 std::to_string(policy.backoff_limit));
+        }
       }
     }
 
@@ -717,6 +779,11 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
                        !it->second.terminating && it->second.phase == "Running";
       }
       if (all_running) {
+        if (auto seconds = end_recovery(st, static_cast<int>(desired.size()), p.now)) {
+          if (options_.on_recovery) options_.on_recovery(*seconds);
+          p.event("Normal", api::reason::kReplicasRecovered,
+                  api::find_condition(st, api::condition::kRecovering)->message);
+        }
         if (api::condition_true(st, api::condition::kRestarting)) {
           api::set_condition(st, api::condition::kRestarting, "False", api::reason::kRestartDone,
                              "all replicas running again", p.now);
@@ -770,10 +837,11 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
           p.requeue_in(until(p.now, create_failure->retry_at));
           continue;
         }
-        p.actions.push_back({Action::Kind::kCreatePod, d.pod, "",
-                             build_pod(p.job, spec, d.type, d.index, rec.restart_attempt),
-                             std::string(api::reason::kCreatedPod),
-                             "restart attempt " + std::to_string(rec.restart_attempt), d.type});
+        p.actions.push_back(
+            {Action::Kind::kCreatePod, d.pod, "",
+             build_pod(p.job, spec, d.type, d.index, rec.restart_attempt, st.group_restart_attempt),
+             std::string(api::reason::kCreatedPod),
+             "restart attempt " + std::to_string(rec.restart_attempt), d.type});
       }
 
       // Created: True once the claim, the Service and every pod of the current incarnation

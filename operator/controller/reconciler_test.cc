@@ -37,7 +37,7 @@ json default_spec() {
       "Worker": {"replicas": 2,
                  "template": {"spec": {"containers": [{"name": "trainer", "image": "lh"}]}}}
     },
-    "runPolicy": {"backoff": {"initialSeconds": 0, "maxSeconds": 0}}
+    "runPolicy": {"restartScope": "Group", "backoff": {"initialSeconds": 0, "maxSeconds": 0}}
   })");
 }
 

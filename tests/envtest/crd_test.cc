@@ -119,7 +119,7 @@ TEST_F(CrdTest, ServerAppliesTheSchemaDefaults) {
   EXPECT_EQ(spec["replicaSpecs"]["Worker"]["replicas"], 1);
   EXPECT_EQ(spec["replicaSpecs"]["Worker"]["restartPolicy"], "ExitCode");
   EXPECT_EQ(spec["runPolicy"]["backoffLimit"], 6);
-  EXPECT_EQ(spec["runPolicy"]["restartScope"], "Group");
+  EXPECT_EQ(spec["runPolicy"]["restartScope"], "Replica");
   EXPECT_EQ(spec["runPolicy"]["cleanPodPolicy"], "Running");
   EXPECT_EQ(spec["runPolicy"]["backoff"]["initialSeconds"], 10);
   EXPECT_EQ(spec["successPolicy"], "ChiefSucceeds");

@@ -121,14 +121,16 @@ inline std::shared_ptr<kube::HttpClient> make_client(const fakeapi::FakeApiServe
 inline json job_manifest(const std::string& name, int workers = 2) {
   json container = {{"name", "trainer"}, {"image", "lh"}};
   json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
-  return {{"apiVersion", "longhaul.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}, {"namespace", "default"}}},
-          {"spec",
-           {{"replicaSpecs",
-             {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
-              {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
-            {"runPolicy", {{"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+  return {
+      {"apiVersion", "longhaul.dev/v1alpha1"},
+      {"kind", "TrainingJob"},
+      {"metadata", {{"name", name}, {"namespace", "default"}}},
+      {"spec",
+       {{"replicaSpecs",
+         {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
+          {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
+        {"runPolicy",
+         {{"restartScope", "Group"}, {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
 }
 
 inline api::TrainingJobStatus job_status(const fakeapi::FakeApiServer& s, const std::string& n) {

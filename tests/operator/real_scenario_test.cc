@@ -47,14 +47,16 @@ const kube::Resource& kJobs = kube::resources::kTrainingJobs;
 json job_manifest(const std::string& name, int workers = 2) {
   json container = {{"name", "trainer"}, {"image", "registry.example.com/lh:1"}};
   json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
-  return {{"apiVersion", "longhaul.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}}},
-          {"spec",
-           {{"replicaSpecs",
-             {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
-              {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
-            {"runPolicy", {{"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+  return {
+      {"apiVersion", "longhaul.dev/v1alpha1"},
+      {"kind", "TrainingJob"},
+      {"metadata", {{"name", name}}},
+      {"spec",
+       {{"replicaSpecs",
+         {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
+          {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
+        {"runPolicy",
+         {{"restartScope", "Group"}, {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
 }
 
 // Polls `pred` until true or the deadline: the real server offers no change hook to wait on.
@@ -232,6 +234,72 @@ TEST_F(RealScenario, CreateMakesClaimServiceAndPodsTheServerAccepts) {
   EXPECT_EQ(status().observed_generation, 1);
   EXPECT_TRUE(eventually([&] { return saw_event("CreatedPod"); }))
       << ::testing::PrintToString(event_reasons());
+}
+
+// restartScope Replica (the default) on the real API server: a preempted worker is replaced
+// alone with the group's LONGHAUL_RESTART_ATTEMPT; the survivors are never deleted; the recovery
+// fields survive the CRD's structural schema (an undeclared status field would be pruned, and
+// the recovery state lost); once whole, the job is written no more.
+TEST_F(RealScenario, PreemptedWorkerIsReplacedAloneUnderReplicaScope) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"].erase("restartScope");
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0); }));
+  EXPECT_EQ(admin->get(kJobs, ns, "j")["spec"]["runPolicy"]["restartScope"], "Replica");
+  std::map<std::string, std::string> uids;
+  for (const json& p : job_pods("j")) uids[p["metadata"]["name"]] = p["metadata"]["uid"];
+  operator_writes();
+  kubelet->preempt("j-worker-1");
+  auto recovered = [&] {
+    const auto s = status();
+    const auto* c = api::find_condition(s, api::condition::kRecovering);
+    if (c == nullptr || c->status != "False" || s.recoveries != 1) return false;
+    for (const json& p : job_pods("j")) {
+      if (p["metadata"].contains("deletionTimestamp")) return false;
+      if (p.value("status", json::object()).value("phase", "") != "Running") return false;
+    }
+    return job_pods("j").size() == 3;
+  };
+  ASSERT_TRUE(eventually(recovered)) << ::testing::PrintToString(event_reasons());
+  const auto s = status();
+  EXPECT_EQ(api::find_condition(s, api::condition::kRecovering)->reason,
+            api::reason::kReplicasRecovered);
+  EXPECT_TRUE(s.last_recovery_milliseconds.has_value());
+  EXPECT_TRUE(s.recovering_since.empty());
+  EXPECT_EQ(s.preemption_count, 1);
+  EXPECT_EQ(s.failure_count, 0);
+  EXPECT_EQ(s.phase, "Running");
+  for (const json& p : job_pods("j")) {
+    const std::string name = p["metadata"]["name"];
+    std::map<std::string, std::string> env;
+    for (const json& e : p["spec"]["containers"][0]["env"]) env[e["name"]] = e.value("value", "");
+    EXPECT_EQ(env.at("LONGHAUL_RESTART_ATTEMPT"), "0") << name;
+    if (name == "j-worker-1") {
+      EXPECT_NE(p["metadata"]["uid"], uids.at(name));
+      EXPECT_EQ(attempt_of(p), "1");
+    } else {
+      EXPECT_EQ(p["metadata"]["uid"], uids.at(name)) << name << " was re-created";
+    }
+  }
+  const auto writes = operator_writes("pods");
+  EXPECT_EQ(count(writes, "delete pods/j-worker-1", ""), 1u) << ::testing::PrintToString(writes);
+  EXPECT_EQ(count(writes, "delete pods/", ""), 1u) << ::testing::PrintToString(writes);
+  EXPECT_EQ(count(writes, "create pods/j-worker-1", " 201"), 1u)
+      << ::testing::PrintToString(writes);
+  EXPECT_TRUE(eventually([&] { return saw_event("ReplicasRecovered"); }));
+
+  // Converged: a reconcile triggered by a change that needs nothing writes nothing.
+  operator_writes();
+  const int before = reconciles.load();
+  admin->patch(kJobs, ns, "j", {{"metadata", {{"labels", {{"touched", "yes"}}}}}},
+               kube::PatchType::kMerge);
+  ASSERT_TRUE(eventually([&] { return reconciles.load() > before; }));
+  std::vector<std::string> after;
+  for (const std::string& w : operator_writes()) {
+    if (w.find(" events/") == std::string::npos) after.push_back(w);
+  }
+  EXPECT_TRUE(after.empty()) << ::testing::PrintToString(after);
 }
 
 TEST_F(RealScenario, ChiefExit1FailsTheJobNamingPodAndCode) {

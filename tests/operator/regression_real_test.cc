@@ -31,12 +31,14 @@ json job_manifest(const std::string& name, int workers,
   json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
   json specs = {{"Worker", {{"replicas", workers}, {"template", tmpl}}}};
   specs["Chief"] = {{"replicas", 1}, {"template", tmpl}};
-  return {{"apiVersion", "longhaul.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}}},
-          {"spec",
-           {{"replicaSpecs", specs},
-            {"runPolicy", {{"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+  return {
+      {"apiVersion", "longhaul.dev/v1alpha1"},
+      {"kind", "TrainingJob"},
+      {"metadata", {{"name", name}}},
+      {"spec",
+       {{"replicaSpecs", specs},
+        {"runPolicy",
+         {{"restartScope", "Group"}, {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
 }
 
 // Polls `pred` (reads from the real server) until true or the deadline.

@@ -141,6 +141,49 @@ TEST_F(Scenario, ChiefExit1FailsTheJobNamingPodAndCode) {
   EXPECT_EQ(job_pods(server, "j")[0]["metadata"]["name"], "j-chief-0");
 }
 
+// restartScope Replica over HTTP with informers: each preemption (a worker, then the chief)
+// re-creates only the lost pod; the survivors keep their pods; the status counts the recoveries.
+TEST_F(Scenario, ReplicaScopeReplacesOnlyThePreemptedPod) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["restartScope"] = "Replica";
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  int n = 0;
+  for (const std::string lost : {"j-worker-1", "j-chief-0"}) {
+    ++n;
+    std::map<std::string, std::string> uids;
+    for (const json& p : job_pods(server, "j")) uids[p["metadata"]["name"]] = p["metadata"]["uid"];
+    preempt_pod(server, lost);
+    ASSERT_TRUE(wait([&] {
+      const auto s = status();
+      const auto* c = api::find_condition(s, api::condition::kRecovering);
+      if (c == nullptr || c->status != "False" || s.recoveries != n) return false;
+      const auto pods = job_pods(server, "j");
+      if (pods.size() != 3) return false;
+      for (const json& p : pods) {
+        if (p["metadata"].contains("deletionTimestamp")) return false;
+        if (p.value("status", json::object()).value("phase", "") != "Running") return false;
+      }
+      return true;
+    })) << lost;
+    for (const json& p : job_pods(server, "j")) {
+      const std::string name = p["metadata"]["name"];
+      if (name == lost) {
+        EXPECT_NE(p["metadata"]["uid"], uids.at(name));
+      } else {
+        EXPECT_EQ(p["metadata"]["uid"], uids.at(name)) << name << " was re-created";
+      }
+    }
+  }
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_EQ(s.preemption_count, 2);
+  EXPECT_EQ(s.failure_count, 0);
+  EXPECT_TRUE(s.last_recovery_milliseconds.has_value());
+  EXPECT_TRUE(saw_event("ReplicasRecovered"));
+}
+
 TEST_F(Scenario, TenPreemptionsKeepTheJobRunningWithTheBudgetUntouched) {
   start_operator();
   create(job_manifest("j"));

@@ -56,7 +56,9 @@ std::string_view replica_type_label(ReplicaType t);  // "chief", "worker", "ps",
 std::optional<ReplicaType> parse_replica_type(std::string_view name_or_label);
 
 enum class RestartPolicy { kNever, kOnFailure, kExitCode };
-enum class RestartScope { kGroup, kPod };
+// Replica re-creates only the lost replica (same name, rank and LONGHAUL_RESTART_ATTEMPT: it
+// rejoins the survivors in place); Group re-creates every replica. "Pod" is read as Replica.
+enum class RestartScope { kGroup, kReplica };
 enum class CleanPodPolicy { kRunning, kAll, kNone };
 enum class SuccessPolicy { kChiefSucceeds, kAllWorkers };
 enum class ReclaimPolicy { kRetain, kDelete };
@@ -88,7 +90,7 @@ struct BackoffSpec {
 
 struct RunPolicy {
   int32_t backoff_limit = 6;
-  RestartScope restart_scope = RestartScope::kGroup;
+  RestartScope restart_scope = RestartScope::kReplica;
   std::vector<int32_t> retryable_exit_codes;
   std::vector<int32_t> permanent_exit_codes;
   BackoffSpec backoff;
@@ -140,6 +142,8 @@ inline constexpr std::string_view kRestarting = "Restarting";
 inline constexpr std::string_view kSucceeded = "Succeeded";
 inline constexpr std::string_view kFailed = "Failed";
 inline constexpr std::string_view kSuspended = "Suspended";
+// restartScope Replica: True while replicas are being replaced in place (the group is short).
+inline constexpr std::string_view kRecovering = "Recovering";
 }  // namespace condition
 
 // Condition reasons (also used as Event reasons).
@@ -163,6 +167,12 @@ inline constexpr std::string_view kSuspended = "JobSuspended";
 inline constexpr std::string_view kResumed = "JobResumed";
 // Created=False: the API server refused a create (quota, admission, unavailable); retried.
 inline constexpr std::string_view kFailedCreate = "FailedCreate";
+// Recovering=False: every replica runs again after in-place replacements.
+inline constexpr std::string_view kReplicasRecovered = "ReplicasRecovered";
+// restartScope Replica fell back to a Group restart: a replica kept failing, or a replica
+// asked for it (exit 138: the survivors gave up waiting for a replacement).
+inline constexpr std::string_view kReplicaKeepsFailing = "ReplicaKeepsFailing";
+inline constexpr std::string_view kGroupRestartRequested = "GroupRestartRequested";
 // Event-only reasons.
 inline constexpr std::string_view kCreatedPod = "CreatedPod";
 inline constexpr std::string_view kDeletedPod = "DeletedPod";
@@ -198,6 +208,14 @@ struct PodRecord {
   bool operator==(const PodRecord&) const = default;
 };
 
+// In-place replacements after failures of one replica within the fallback window
+// (restartScope Replica; see controller/recovery_policy.h).
+struct ReplicaFailures {
+  int32_t count = 0;
+  std::string since;  // RFC 3339: the first failure of the window
+  bool operator==(const ReplicaFailures&) const = default;
+};
+
 // The chief's training progress as the operator last recorded it (status.progress), read from
 // the chief's Prometheus metrics. Absent until the first successful read.
 struct TrainingProgress {
@@ -224,6 +242,17 @@ struct TrainingJobStatus {
   std::string failure_budget;  // "2/6"
   std::string chief_pod;
   int64_t restart_attempt = 0;
+  // The attempt of the last whole-group (re)start: pods get it as LONGHAUL_RESTART_ATTEMPT, so a
+  // replica replaced in place rejoins the survivors' rendezvous. nullopt (a status written
+  // before the field existed): each pod's own record attempt, as then.
+  std::optional<int64_t> group_restart_attempt;
+  // restartScope Replica: replicas replaced in place, when the current recovery began (RFC 3339
+  // with microseconds; empty when the group is whole), how long the last one took (fault
+  // observed -> every replica Running again), and recent failures per pod name.
+  int32_t recoveries = 0;
+  std::string recovering_since;
+  std::optional<int64_t> last_recovery_milliseconds;
+  std::map<std::string, ReplicaFailures> replica_failures;
   std::string next_restart_time;
   int64_t observed_generation = 0;
   std::string start_time;
@@ -245,6 +274,8 @@ bool is_finished(const TrainingJobStatus& s);  // phase Succeeded or Failed
 
 // RFC 3339 in UTC with second precision ("2026-11-21T13:20:39Z"), as Kubernetes writes times.
 std::string format_time(Time t);
+// With microseconds ("2026-11-21T13:20:39.123456Z"), Kubernetes' MicroTime.
+std::string format_micro_time(Time t);
 // Accepts fractional seconds and "Z" or numeric offsets. Throws InvalidArgument.
 Time parse_time(std::string_view text);
 std::optional<Time> parse_time_or_null(std::string_view text);

@@ -15,6 +15,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -46,8 +47,11 @@ json tf_config(std::string_view job, std::string_view ns, const api::TrainingJob
 // A controller ownerReference pointing at `job` (apiVersion, kind, name, uid).
 json owner_reference(const json& job);
 
+// `restart_attempt` is the pod's incarnation (the restart-attempt annotation);
+// `rendezvous_attempt` (default: the same) is its LONGHAUL_RESTART_ATTEMPT, the attempt of the
+// group it joins: a replica replaced in place keeps the survivors' attempt.
 json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaType type, int index,
-               int64_t restart_attempt);
+               int64_t restart_attempt, std::optional<int64_t> rendezvous_attempt = std::nullopt);
 json build_service(const json& job, const api::TrainingJobSpec& spec);
 // The claim is owned by the job only with reclaimPolicy Delete, so Retain keeps it after the
 // job is deleted.

@@ -159,6 +159,9 @@ struct ReconcilerOptions {
   std::function<double()> jitter01;  // uniform [0, 1); default: a seeded std::mt19937
   // Called once per restart decision, with the reason (for pod_restarts_total{reason}).
   std::function<void(std::string_view reason)> on_restart;
+  // Called when a recovery in place (restartScope Replica) completes, with its duration from
+  // the fault observed to every replica Running again (longhaul_operator_recovery_seconds).
+  std::function<void(double seconds)> on_recovery;
   // Called after each reconcile with the job's phase ("" when the job is gone).
   std::function<void(const std::string& key, const std::string& phase)> on_phase;
   // Backoff after a refused create (quota, admission, API server unavailable): the n-th
