@@ -144,6 +144,8 @@ TEST_F(Binary, ServesMetricsAndProbesReconcilesAndStopsOnSigterm) {
         "longhaul_operator_is_leader 1", "longhaul_operator_build_info{version=\"0.1.0\"} 1"}) {
     EXPECT_NE(m.find(name), std::string::npos) << name;
   }
+  // Declared from the start (no recovery yet), so dashboards and alerts find the series.
+  EXPECT_NE(m.find("longhaul_operator_recovery_seconds_count 0\n"), std::string::npos) << m;
   // The operator's own time per reconcile and its API latency were observed (what
   // bench/operator_bench reports), not merely declared.
   for (const char* unobserved : {"longhaul_operator_reconcile_cpu_seconds_count 0\n",
