@@ -100,7 +100,7 @@ else
   NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
   export NVCC
-  INC=(-I"$ROOT/worker/base/include" -I"$ROOT/worker/model/include"
+  INC=(-I"$ROOT/base/include" -I"$ROOT/worker/model/include"
        -I"$ROOT/worker/kernels/cuda/include" -I"$ROOT/worker/backend_cuda/include"
        -I"$CUDA_HOME/include")
   OBJ=$BUILD/direct
@@ -124,7 +124,7 @@ else
     case $(basename "$f") in *_test.cc | gpt2_cpu.cc) ;; *) MODEL_SOURCES+=("$f") ;; esac
   done
   printf '%s\n' "$ROOT"/worker/kernels/cuda/*.cu \
-    "$ROOT"/worker/base/error.cc "$ROOT"/worker/base/log.cc "${MODEL_SOURCES[@]}" \
+    "$ROOT"/base/error.cc "$ROOT"/base/log.cc "${MODEL_SOURCES[@]}" \
     "$ROOT"/worker/kernels/cuda/check.cc "$ROOT"/worker/kernels/cuda/matmul.cc \
     "$ROOT"/worker/backend_cuda/gpt2_cuda.cc "$ROOT"/worker/backend_cuda/state_transfer.cc \
     "$ROOT"/bench/gpu_train_bench.cc |
