@@ -392,6 +392,48 @@ TEST_F(Scenario, OperatorRestartedMidFlightMakesNoDuplicatesAndLosesNoJobs) {
   EXPECT_EQ(server.count_requests({.verb = "create", .resource = "pods", .status = 409}), 0u);
 }
 
+// restartScope Replica, the operator restarted mid-recovery, right after the decision was
+// committed: the new operator re-derives the recovery from the job's status, creates the
+// replacement once, touches no survivor, and still measures the recovery.
+TEST_F(Scenario, OperatorRestartedMidRecoveryCreatesTheReplacementOnce) {
+  start_operator();
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"]["restartScope"] = "Replica";
+  create(job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  std::map<std::string, std::string> uids;
+  for (const json& p : job_pods(server, "j")) uids[p["metadata"]["name"]] = p["metadata"]["uid"];
+  preempt_pod(server, "j-worker-1");
+  // Stopped as soon as the decision is committed: the old pod's delete and the replacement's
+  // create may or may not have happened yet.
+  ASSERT_TRUE(wait([&] { return api::condition_true(status(), api::condition::kRecovering); }));
+  ctl->stop();
+  ctl.reset();
+  start_operator();
+  ASSERT_TRUE(wait([&] {
+    const auto s = status();
+    const auto* c = api::find_condition(s, api::condition::kRecovering);
+    if (c == nullptr || c->status != "False" || s.recoveries != 1) return false;
+    const auto pods = job_pods(server, "j");
+    if (pods.size() != 3) return false;
+    for (const json& p : pods) {
+      if (p["metadata"].contains("deletionTimestamp")) return false;
+      if (p.value("status", json::object()).value("phase", "") != "Running") return false;
+    }
+    return true;
+  }));
+  for (const json& p : job_pods(server, "j")) {
+    const std::string name = p["metadata"]["name"];
+    if (name != "j-worker-1") {
+      EXPECT_EQ(p["metadata"]["uid"], uids.at(name)) << name;
+    }
+  }
+  EXPECT_EQ(server.count_requests({.verb = "create", .resource = "pods", .status = 201}), 4u);
+  EXPECT_EQ(server.count_requests({.verb = "create", .resource = "pods", .status = 409}), 0u);
+  EXPECT_EQ(server.count_requests({.verb = "delete", .resource = "pods"}), 1u);
+  EXPECT_TRUE(status().last_recovery_milliseconds.has_value());
+}
+
 TEST_F(Scenario, TwentyPercentOfRequestsFailingStillConverges) {
   fakeapi::FaultRule rule;
   rule.status = 500;
