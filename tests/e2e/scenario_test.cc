@@ -280,5 +280,75 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
                       reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
 }
 
+// restartScope Replica with real workers regrouping in place (supervisor.on_peer_loss: regroup,
+// the worker's default): the preempted worker is re-created alone with the group's attempt, the
+// chief's pod and process keep running through it, the job reports the recovery, and the final
+// parameters equal an uninterrupted run (no step lost or repeated).
+TEST_F(EndToEnd, ReplicaScopeReplacesOnlyThePreemptedWorkerAndTheChiefKeepsTraining) {
+  if (!worker_supports_replicas()) {
+    GTEST_SKIP() << "longhaul-worker does not train data-parallel replicas yet";
+  }
+  json job = tiny_job(/*with_worker=*/true);
+  job["spec"]["runPolicy"]["restartScope"] = "Replica";
+  for (const char* type : {"Chief", "Worker"}) {
+    json& pod_spec = job["spec"]["replicaSpecs"][type]["template"]["spec"];
+    pod_spec["terminationGracePeriodSeconds"] = 5;
+    json& args = pod_spec["containers"][0]["args"];
+    json kept = json::array();
+    for (const json& a : args) {
+      if (a != "--set=supervisor.on_peer_loss=exit") kept.push_back(a);
+    }
+    args = kept;
+  }
+  const int64_t max_steps = job_max_steps(job);
+  const std::vector<std::string> args = container_args(job);
+  cluster->apply(job);
+  const fs::path logdir = cluster->claim_dir("default", "tiny-logdir");
+  const std::string chief = "tiny-chief-0", worker = "tiny-worker-0";
+  auto latest = [&] { return latest_checkpoint_step(logdir).value_or(-1); };
+  auto uid_of = [&](const std::string& pod) {
+    return cluster->api().get("pods", "default", pod)["metadata"].value("uid", std::string());
+  };
+
+  ASSERT_TRUE(eventually(
+      [&] {
+        return pod_running_at(chief, 0) && pod_running_at(worker, 0) && latest() >= max_steps / 4;
+      },
+      180s))
+      << context();
+  const std::string chief_uid = uid_of(chief);
+  cluster->kubelet().preempt("default", worker);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto s = status();
+        const auto* c = api::find_condition(s, api::condition::kRecovering);
+        return s.recoveries == 1 && c && c->status == "False" && pod_running_at(worker, 1) &&
+               pod_running_at(chief, 0);
+      },
+      180s))
+      << context();
+  EXPECT_EQ(uid_of(chief), chief_uid) << "the chief's pod was re-created";
+  ASSERT_TRUE(eventually([&] { return status().phase == "Succeeded"; }, 300s)) << context();
+  const api::TrainingJobStatus st = status();
+  EXPECT_EQ(st.preemption_count, 1);
+  EXPECT_EQ(st.failure_count, 0);
+  EXPECT_EQ(st.recoveries, 1);
+  EXPECT_TRUE(st.last_recovery_milliseconds.has_value());
+  const std::vector<int64_t> starts =
+      start_steps(read_text(cluster->kubelet().log_path("default", chief)));
+  EXPECT_EQ(starts.size(), 1u) << "the chief process started once and was never restarted";
+
+  const auto state = final_checkpoint_state(logdir, max_steps);
+  ASSERT_TRUE(state);
+  std::vector<std::string> launch = {"launch", "--replicas", "2", "--"};
+  launch.insert(launch.end(), args.begin(), args.end());
+  const fs::path reference = root / "reference";
+  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", launch, reference,
+                              root / "reference.log", 300s);
+  ASSERT_EQ(code, 0) << tail(root / "reference.log", 3000);
+  expect_same_tensors(checkpoint_file(logdir, state->model_checkpoint_path),
+                      reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
+}
+
 }  // namespace
 }  // namespace longhaul::e2e
