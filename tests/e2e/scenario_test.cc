@@ -281,10 +281,11 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
 }
 
 // restartScope Replica with real workers regrouping in place (supervisor.on_peer_loss: regroup,
-// the worker's default): the preempted worker is re-created alone with the group's attempt, the
-// chief's pod and process keep running through it, the job reports the recovery, and the final
-// parameters equal an uninterrupted run (no step lost or repeated).
-TEST_F(EndToEnd, ReplicaScopeReplacesOnlyThePreemptedWorkerAndTheChiefKeepsTraining) {
+// the worker's default): the preempted worker, later the preempted chief, later the worker of a
+// lost node are each re-created alone with the group's attempt while the other keeps its pod and
+// process; the job reports three recoveries and spends no budget; the final parameters equal an
+// uninterrupted run.
+TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANodeLoss) {
   if (!worker_supports_replicas()) {
     GTEST_SKIP() << "longhaul-worker does not train data-parallel replicas yet";
   }
@@ -328,15 +329,51 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyThePreemptedWorkerAndTheChiefKeepsTrain
       180s))
       << context();
   EXPECT_EQ(uid_of(chief), chief_uid) << "the chief's pod was re-created";
+
+  // Later the chief is preempted: it alone is re-created, the worker's pod keeps running.
+  ASSERT_TRUE(eventually([&] { return latest() >= max_steps / 2; }, 180s)) << context();
+  std::string worker_uid = uid_of(worker);
+  cluster->kubelet().preempt("default", chief);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto s = status();
+        const auto* c = api::find_condition(s, api::condition::kRecovering);
+        return s.recoveries == 2 && c && c->status == "False" && pod_running_at(chief, 2) &&
+               pod_running_at(worker, 1);
+      },
+      180s))
+      << context();
+  EXPECT_EQ(uid_of(worker), worker_uid) << "the worker's pod was re-created";
+
+  // Then the worker's node is lost; the node lifecycle controller evicts its pod, which stays
+  // Terminating on the dead node until the operator force-deletes it and re-creates it alone.
+  ASSERT_TRUE(eventually([&] { return latest() >= 3 * max_steps / 4; }, 180s)) << context();
+  const std::string lost = node_of(worker);
+  ASSERT_NE(lost, node_of(chief));
+  const std::string chief_uid2 = uid_of(chief);
+  kubelet::LoseNodeOptions lose;
+  lose.evict_after = 1s;
+  cluster->kubelet().lose_node(lost, lose);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto s = status();
+        const auto* c = api::find_condition(s, api::condition::kRecovering);
+        return s.recoveries == 3 && c && c->status == "False" && pod_running_at(worker, 3) &&
+               pod_running_at(chief, 2);
+      },
+      240s))
+      << context();
+  EXPECT_EQ(uid_of(chief), chief_uid2) << "the chief's pod was re-created";
+
   ASSERT_TRUE(eventually([&] { return status().phase == "Succeeded"; }, 300s)) << context();
   const api::TrainingJobStatus st = status();
-  EXPECT_EQ(st.preemption_count, 1);
+  EXPECT_EQ(st.preemption_count, 3);
   EXPECT_EQ(st.failure_count, 0);
-  EXPECT_EQ(st.recoveries, 1);
+  EXPECT_EQ(st.recoveries, 3);
   EXPECT_TRUE(st.last_recovery_milliseconds.has_value());
   const std::vector<int64_t> starts =
       start_steps(read_text(cluster->kubelet().log_path("default", chief)));
-  EXPECT_EQ(starts.size(), 1u) << "the chief process started once and was never restarted";
+  EXPECT_EQ(starts.size(), 2u) << "chief process starts: the first and its replacement's";
 
   const auto state = final_checkpoint_state(logdir, max_steps);
   ASSERT_TRUE(state);
