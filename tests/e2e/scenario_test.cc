@@ -329,6 +329,7 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
       180s))
       << context();
   EXPECT_EQ(uid_of(chief), chief_uid) << "the chief's pod was re-created";
+  RecordProperty("worker_preempted_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
 
   // Later the chief is preempted: it alone is re-created, the worker's pod keeps running.
   ASSERT_TRUE(eventually([&] { return latest() >= max_steps / 2; }, 180s)) << context();
@@ -344,6 +345,7 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
       180s))
       << context();
   EXPECT_EQ(uid_of(worker), worker_uid) << "the worker's pod was re-created";
+  RecordProperty("chief_preempted_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
 
   // Then the worker's node is lost; the node lifecycle controller evicts its pod, which stays
   // Terminating on the dead node until the operator force-deletes it and re-creates it alone.
@@ -364,6 +366,9 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
       240s))
       << context();
   EXPECT_EQ(uid_of(chief), chief_uid2) << "the chief's pod was re-created";
+  // Includes the eviction grace (5 s) and nodeLostTimeoutSeconds (1 s here): the pod on the dead
+  // node must be force-deleted first.
+  RecordProperty("node_lost_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
 
   ASSERT_TRUE(eventually([&] { return status().phase == "Succeeded"; }, 300s)) << context();
   const api::TrainingJobStatus st = status();
