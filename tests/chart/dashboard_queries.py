@@ -51,6 +51,7 @@ OPERATOR_GAUGES = {
 OPERATOR_HISTOGRAMS = {
     "longhaul_operator_reconcile_duration_seconds",
     "longhaul_operator_workqueue_latency_seconds",
+    "longhaul_operator_recovery_seconds",
 }
 
 
