@@ -378,7 +378,7 @@ def running_pods(admin: Api, ns: str, job: str, attempt: str | None = None) -> l
 
 
 def job_life(admin: Api, ns: str, job: str = "life"):
-    """create -> children -> running -> preemption -> Group restart -> success -> cleanup."""
+    """create -> children -> running -> preemption -> the lost pod replaced -> success -> cleanup."""
     template = {"spec": {"terminationGracePeriodSeconds": 5,
                          "containers": [{"name": "trainer", "image": "registry.example.com/w:1"}]}}
     admin.call("POST", f"/apis/longhaul.dev/v1alpha1/namespaces/{ns}/trainingjobs", {
@@ -404,19 +404,22 @@ def job_life(admin: Api, ns: str, job: str = "life"):
     run_pods(admin, ns, job)
     eventually("phase Running", lambda: job_status(admin, ns, job).get("phase") == "Running")
 
-    # A preemption: DisruptionTarget, exit 143. Group scope re-creates every replica, without
-    # spending the failure budget.
+    # A preemption: DisruptionTarget, exit 143. The default restartScope Replica re-creates only
+    # the preempted pod (the survivors keep their processes), without spending the failure budget.
     victim = next(p for p in pods_of(admin, ns, job) if p["metadata"]["name"] == f"{job}-worker-1")
     terminate_pod(admin, victim, 143, preempted=True)
-    eventually("three new pods after the preemption",
-               lambda: len(running_pods(admin, ns, job, attempt="1")) == 3
+    eventually("the preempted pod re-created alone",
+               lambda: len(running_pods(admin, ns, job, attempt="1")) == 1
                and len(running_pods(admin, ns, job)) == 3)
     second = {p["metadata"]["name"]: p["metadata"]["uid"] for p in running_pods(admin, ns, job)}
     assert set(second) == set(first)
-    assert all(second[n] != first[n] for n in first), "a pod was not re-created"
+    assert second[f"{job}-worker-1"] != first[f"{job}-worker-1"], "the lost pod was not re-created"
+    for name in (f"{job}-chief-0", f"{job}-worker-0"):
+        assert second[name] == first[name], f"{name} was re-created, though it was not lost"
     run_pods(admin, ns, job)
-    eventually("phase Running after the restart",
-               lambda: job_status(admin, ns, job).get("phase") == "Running")
+    eventually("the job recovered",
+               lambda: job_status(admin, ns, job).get("recoveries") == 1
+               and job_status(admin, ns, job).get("phase") == "Running")
     status = job_status(admin, ns, job)
     assert status.get("preemptionCount") == 1, status
     assert status.get("failureCount", 0) == 0, status
