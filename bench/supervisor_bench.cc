@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include <longhaul/base/log.h>
-#include <longhaul/supervisor/checkpoint.h>
+#include <longhaul/supervisor/async_checkpointer.h>
 #include <longhaul/supervisor/coordinator.h>
 #include <longhaul/supervisor/events.h>
 #include <longhaul/supervisor/supervisor.h>

@@ -10,7 +10,7 @@
 #include "commands.h"
 #include "exit_codes.h"
 #include "longhaul/base/error.h"
-#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/async_checkpointer.h"
 #include "longhaul/supervisor/checkpoint_state.h"
 #include "longhaul/supervisor/safetensors.h"
 

@@ -24,6 +24,7 @@
 #include "longhaul/dist/evaluator.h"
 #include "longhaul/dist/launch.h"
 #include "longhaul/dist/training_done.h"
+#include "longhaul/supervisor/signals.h"
 
 namespace longhaul::cli {
 namespace {

@@ -9,6 +9,7 @@
 #include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/supervisor/signals.h"
 #include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/run.h"
 #include "longhaul/worker_metrics/worker_metrics.h"

@@ -2,7 +2,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
-#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/async_checkpointer.h"
 #include "longhaul/supervisor/coordinator.h"
 
 namespace longhaul::supervisor {

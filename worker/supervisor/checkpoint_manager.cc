@@ -8,7 +8,7 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
-#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/checkpoint_manager.h"
 
 namespace longhaul::supervisor {
 namespace {

@@ -1,6 +1,6 @@
 // CheckpointState text format, CheckpointManager (commit, retention across restarts,
 // latest_valid fallback) and AsyncCheckpointer (one write at a time, errors to the coordinator).
-#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/async_checkpointer.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,8 @@
 // SignalHandler: SIGTERM/SIGINT/SIGHUP -> final checkpoint + clean stop. The signal handler itself
 // only writes the signal number to a self-pipe (write(2) is async-signal-safe); the watcher thread
 // reads it and talks to the Supervisor.
+#include "longhaul/supervisor/signals.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>

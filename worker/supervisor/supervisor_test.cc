@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/supervisor/signals.h"
 #include "test_util.h"
 
 namespace longhaul::supervisor {

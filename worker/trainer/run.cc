@@ -19,6 +19,7 @@
 #include "longhaul/kernels/cpu/platform.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/supervisor/signals.h"
 #include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/sampling.h"
 

@@ -29,7 +29,7 @@
 #include <mutex>
 #include <string>
 
-#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/async_checkpointer.h"
 
 namespace longhaul::http {
 class Server;

@@ -26,7 +26,8 @@
 #include <ostream>
 #include <vector>
 
-#include "longhaul/supervisor/checkpoint.h"
+#include "longhaul/supervisor/async_checkpointer.h"
+#include "longhaul/supervisor/signals.h"
 #include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/config.h"
 #include "longhaul/trainer/trainer.h"
