@@ -9,10 +9,10 @@
 #include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/metrics/worker_metrics.h"
 #include "longhaul/supervisor/signals.h"
 #include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/run.h"
-#include "longhaul/worker_metrics/worker_metrics.h"
 
 namespace longhaul::cli {
 std::string version_string() {

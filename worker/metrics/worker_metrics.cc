@@ -1,5 +1,5 @@
 // WorkerMetrics: the worker's Prometheus registry and exposer. See worker_metrics.h.
-#include "longhaul/worker_metrics/worker_metrics.h"
+#include "longhaul/metrics/worker_metrics.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>

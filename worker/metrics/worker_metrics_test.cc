@@ -1,6 +1,6 @@
 // WorkerMetrics: the fixed names with the rank label, values after steps and checkpoints, and
 // a real scrape over HTTP.
-#include "longhaul/worker_metrics/worker_metrics.h"
+#include "longhaul/metrics/worker_metrics.h"
 
 #include <sstream>
 #include <string>
