@@ -1,4 +1,6 @@
 // Rendezvous through the shared logdir and the Gloo communicator. See communicator.h.
+#include "longhaul/dist/communicator.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -30,7 +32,6 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
-#include "longhaul/dist/communicator.h"
 
 namespace longhaul::dist {
 namespace {

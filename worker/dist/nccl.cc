@@ -1,6 +1,7 @@
 // NCCL gradient all-reduce, bootstrapped over the Gloo communicator. See nccl.h.
-#include "longhaul/base/error.h"
 #include "longhaul/dist/nccl.h"
+
+#include "longhaul/base/error.h"
 
 #if defined(LONGHAUL_HAVE_NCCL)
 #include <cstring>

@@ -1,8 +1,9 @@
+#include "longhaul/supervisor/async_checkpointer.h"
+
 #include <chrono>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
-#include "longhaul/supervisor/async_checkpointer.h"
 #include "longhaul/supervisor/coordinator.h"
 
 namespace longhaul::supervisor {

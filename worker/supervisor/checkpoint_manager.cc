@@ -1,3 +1,5 @@
+#include "longhaul/supervisor/checkpoint_manager.h"
+
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -8,7 +10,6 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
-#include "longhaul/supervisor/checkpoint_manager.h"
 
 namespace longhaul::supervisor {
 namespace {

@@ -1,7 +1,5 @@
 // CheckpointState text format, CheckpointManager (commit, retention across restarts,
 // latest_valid fallback) and AsyncCheckpointer (one write at a time, errors to the coordinator).
-#include "longhaul/supervisor/async_checkpointer.h"
-
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/supervisor/async_checkpointer.h"
 #include "longhaul/supervisor/checkpoint_state.h"
 #include "longhaul/supervisor/coordinator.h"
 #include "test_util.h"
