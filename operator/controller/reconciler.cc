@@ -647,11 +647,16 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
                "backoffLimit " + std::to_string(policy.backoff_limit) + " exceeded (" +
                    std::to_string(st.failure_count) + " failures): " + what);
     };
-    auto restart = [&](const std::vector<std::string>& pods, const std::string& reason,
-                       const std::string& message, milliseconds delay) {
+    std::vector<std::string> all_pods;
+    for (const Desired& d : desired) all_pods.push_back(d.pod);
+    // A new attempt for the whole group: every pod is re-created, and the replicas meet under
+    // the new LONGHAUL_RESTART_ATTEMPT.
+    auto restart_group = [&](const std::string& reason, const std::string& message,
+                             milliseconds delay) {
       st.restart_attempt += 1;
       st.restart_count += 1;
-      for (const std::string& pod : pods)
+      st.group_restart_attempt = st.restart_attempt;
+      for (const std::string& pod : all_pods)
         st.pods[pod] = api::PodRecord{st.restart_attempt, false, 0};
       if (delay > milliseconds(0)) {
         const api::Time at = p.now + delay;
@@ -677,8 +682,6 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     auto backoff_for_failures = [&] {
       return restart_backoff(policy.backoff, st.failure_count, options_.jitter01());
     };
-    std::vector<std::string> all_pods;
-    for (const Desired& d : desired) all_pods.push_back(d.pod);
 
     const auto success = job_succeeded(spec, outcomes, p.ref(st.chief_pod));
     if (success) {
@@ -694,19 +697,18 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         st.preemption_count += static_cast<int32_t>(disrupted.size());
         std::string msg = disrupted.front().c.message;
         if (disrupted.size() > 1) msg += " and " + std::to_string(disrupted.size() - 1) + " more";
-        restart(all_pods, disrupted.front().c.reason, msg + " (no failure budget spent)",
-                milliseconds(0));
-        st.group_restart_attempt = st.restart_attempt;
+        restart_group(disrupted.front().c.reason, msg + " (no failure budget spent)",
+                      milliseconds(0));
       } else {
         st.failure_count += 1;
         if (st.failure_count > policy.backoff_limit) {
           budget_exceeded(retryable.front().c.message);
         } else {
-          restart(all_pods, retryable.front().c.reason,
-                  retryable.front().c.message + ", failures " + std::to_string(st.failure_count) +
-                      "/" + std::to_string(policy.backoff_limit),
-                  backoff_for_failures());
-          st.group_restart_attempt = st.restart_attempt;
+          restart_group(retryable.front().c.reason,
+                        retryable.front().c.message + ", failures " +
+                            std::to_string(st.failure_count) + "/" +
+                            std::to_string(policy.backoff_limit),
+                        backoff_for_failures());
         }
       }
     } else if (policy.restart_scope == api::RestartScope::kReplica &&
@@ -743,11 +745,10 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         if (st.failure_count > policy.backoff_limit) {
           budget_exceeded(why);
         } else {
-          restart(all_pods, std::string(group_reason),
-                  why + ", failures " + std::to_string(st.failure_count) + "/" +
-                      std::to_string(policy.backoff_limit),
-                  backoff_for_failures());
-          st.group_restart_attempt = st.restart_attempt;
+          restart_group(std::string(group_reason),
+                        why + ", failures " + std::to_string(st.failure_count) + "/" +
+                            std::to_string(policy.backoff_limit),
+                        backoff_for_failures());
         }
       } else {
         for (const Candidate& d : disrupted) {
