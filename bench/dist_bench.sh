@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel replicas on one machine (worker/dist): training steps/s for 1, 2 and 3 local
+# Data-parallel replicas on one machine (worker/distributed): training steps/s for 1, 2 and 3 local
 # replicas on CPU (`longhaul-worker launch`, Gloo all-reduce over loopback) with the gradient
 # all-reduce overlapped with the backward pass (`--allreduce-overlap on`, the default) and not
 # (`off`), and the time from a peer's death (SIGKILL) or hang (SIGSTOP) to the exit (code 138)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Recovery from a lost replica (worker/dist): 3 data-parallel replicas on one machine (processes
+# Recovery from a lost replica (worker/distributed): 3 data-parallel replicas on one machine (processes
 # with TF_CONFIG, as pods get it), one is lost, and the group goes on. Per scenario: the time
 # from the fault to the next completed step, how many steps were computed twice, and whether a
 # checkpoint was read.

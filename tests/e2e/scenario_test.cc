@@ -174,8 +174,8 @@ TEST_F(EndToEnd, ChiefOnlyJobSurvivesTwoPreemptionsAndANodeLossAndMatchesAnUnint
                       reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
 }
 
-// Data-parallel replicas need worker/dist (issue 5), which CMake enables with the e2e suite; a
-// build without it skips the Chief + Worker scenario (LONGHAUL_E2E_REPLICAS=1 forces it).
+// Data-parallel replicas need worker/distributed (issue 5), which CMake enables with the e2e suite;
+// a build without it skips the Chief + Worker scenario (LONGHAUL_E2E_REPLICAS=1 forces it).
 bool worker_supports_replicas() {
   if (const char* env = std::getenv("LONGHAUL_E2E_REPLICAS")) return std::string(env) == "1";
 #ifdef LONGHAUL_E2E_REPLICAS
@@ -190,8 +190,9 @@ bool worker_supports_replicas() {
 // stays Terminating on the dead node until the operator force-deletes it).
 TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAnUninterruptedRun) {
   if (!worker_supports_replicas()) {
-    GTEST_SKIP() << "longhaul-worker does not train data-parallel replicas yet (worker/dist, "
-                    "issue 5); set LONGHAUL_E2E_REPLICAS=1 to force";
+    GTEST_SKIP()
+        << "longhaul-worker does not train data-parallel replicas yet (worker/distributed, "
+           "issue 5); set LONGHAUL_E2E_REPLICAS=1 to force";
   }
   json job = tiny_job(/*with_worker=*/true);
   // The lost worker's pod is deleted by the group restart with this grace, then force-deleted

@@ -266,7 +266,7 @@ PodCommand build_pod_command(const json& pod, const CommandOptions& options) {
   for (const auto& [k, v] : passed_host_environment(options)) set(k, v);
   set("HOSTNAME", str(spec, "hostname").empty() ? name : str(spec, "hostname"));
   // longhaul-worker binds its collectives to this host instead of its TF_CONFIG host name
-  // (worker/dist cluster.h); the addresses are rewritten to it as well, for other programs.
+  // (worker/distributed cluster.h); the addresses are rewritten to it as well, for other programs.
   if (options.ports != nullptr) set("LONGHAUL_HOST_OVERRIDE", options.pod_ip);
   for (const json& e : c.value("env", json::array())) {
     const std::string k = str(e, "name");

@@ -1,10 +1,10 @@
-// Recovery in place (worker/dist/README.md): three data-parallel replicas of the longhaul-worker
-// binary on loopback lose one (SIGKILL between steps, SIGKILL in the middle of a step's gradient
-// all-reduce, the chief, a SIGTERM preemption notice, two losses in a row); a replacement with
-// the same rank joins, takes the survivors' state by broadcast, and the run ends with the
-// parameters of an uninterrupted run of the same config in the same environment. No process
-// reads a checkpoint, no step is redone and the step counter never goes back. A replacement that
-// never comes ends with a final checkpoint of the last completed step and exit 138.
+// Recovery in place (worker/distributed/README.md): three data-parallel replicas of the
+// longhaul-worker binary on loopback lose one (SIGKILL between steps, SIGKILL in the middle of a
+// step's gradient all-reduce, the chief, a SIGTERM preemption notice, two losses in a row); a
+// replacement with the same rank joins, takes the survivors' state by broadcast, and the run ends
+// with the parameters of an uninterrupted run of the same config in the same environment. No
+// process reads a checkpoint, no step is redone and the step counter never goes back. A replacement
+// that never comes ends with a final checkpoint of the last completed step and exit 138.
 #include <chrono>
 #include <cmath>
 #include <cstring>

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "longhaul/dist/cluster.h"
-#include "longhaul/dist/data_parallel.h"
+#include "longhaul/distributed/cluster.h"
+#include "longhaul/distributed/data_parallel.h"
 #include "longhaul/trainer/run.h"
 
 namespace longhaul::cli {

@@ -1,4 +1,4 @@
-// Data-parallel glue of longhaul-worker (worker/dist): `launch`, the replica group a `train`
+// Data-parallel glue of longhaul-worker (worker/distributed): `launch`, the replica group a `train`
 // process joins (TF_CONFIG or --rank/--world-size), and the evaluator task.
 //
 // Environment read here besides what dist/cluster.h lists:
@@ -20,10 +20,10 @@
 #include "exit_codes.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
-#include "longhaul/dist/communicator.h"
-#include "longhaul/dist/evaluator.h"
-#include "longhaul/dist/launch.h"
-#include "longhaul/dist/training_done.h"
+#include "longhaul/distributed/communicator.h"
+#include "longhaul/distributed/evaluator.h"
+#include "longhaul/distributed/launch.h"
+#include "longhaul/distributed/training_done.h"
 #include "longhaul/supervisor/signals.h"
 
 namespace longhaul::cli {

@@ -84,8 +84,8 @@ TEST(Supervisor, InitialisesAndRunsInitFnWhenTheLogdirHasNoCheckpoint) {
   }
 }
 
-// worker/dist recovery in place: a replacement takes its state from the running replicas, and a
-// worker that outlived a chief that never came back commits the last step in its place.
+// worker/distributed recovery in place: a replacement takes its state from the running replicas,
+// and a worker that outlived a chief that never came back commits the last step in its place.
 TEST(Supervisor, StateFromPeersReadsNoCheckpointAndASuccessorCommitsOnlyWhenTheLockIsFree) {
   TempDir dir;
   ToyState chief_state;

@@ -106,7 +106,7 @@ TEST_F(ConfigTest, DuplicateKeysAndSectionsAreRefusedNamingBothLines) {
   EXPECT_NE(section.find("training is given twice (lines 1 and 4)"), std::string::npos) << section;
 }
 
-// Recovery in place (worker/dist): the policy on a lost peer and how long survivors wait.
+// Recovery in place (worker/distributed): the policy on a lost peer and how long survivors wait.
 TEST_F(ConfigTest, PeerLossPolicyAndRegroupTimeoutAreValidated) {
   WorkerConfig c =
       load_config(write("supervisor: {on_peer_loss: regroup, regroup_timeout_secs: 45}\n"));

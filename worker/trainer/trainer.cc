@@ -420,7 +420,7 @@ StepStats Trainer::train_step() {
   // A collective that fails (a lost peer: Aborted) abandons the step before anything is
   // applied: the data loader goes back to where the step started and the gradients are
   // cleared, so this replica holds exactly the state of its last completed step, which a
-  // regroup may hand to a replacement (worker/dist, "Recovery in place").
+  // regroup may hand to a replacement (worker/distributed, "Recovery in place").
   StepStats stats;
   const int64_t step = global_step();
   try {

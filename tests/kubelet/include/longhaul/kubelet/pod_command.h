@@ -26,7 +26,7 @@
 //    `host:port` to `127.0.0.1:<local port>`, where the local port is assigned per distinct
 //    `host:port` by `PortMap` (the same for every pod of the kubelet, so all replicas agree),
 //    and LONGHAUL_HOST_OVERRIDE=127.0.0.1 is set (before the container's env, which may
-//    override it): longhaul-worker binds its Gloo transport to that host (worker/dist).
+//    override it): longhaul-worker binds its Gloo transport to that host (worker/distributed).
 //  - Working directory: the rewritten workingDir, else `pod_dir`.
 //
 // Thread-safety: the functions are pure; PortMap is safe for concurrent use.

@@ -12,7 +12,7 @@
 //   longhaul_checkpoint_restores_total, longhaul_train_skipped_steps_total (steps the numerical
 //   watchdog dropped), longhaul_worker_is_chief, longhaul_worker_regroups_total and
 //   longhaul_worker_regroup_duration_seconds (histogram: a lost peer recovered in place, from the
-//   failed collective to the group whole again with the state shared; worker/dist),
+//   failed collective to the group whole again with the state shared; worker/distributed),
 //   longhaul_worker_build_info{version,backend,attention,matmul_epilogues,self_check} = 1 (the
 //   kernel choices of the start-up self-check, "" until known; see worker/selfcheck).
 //

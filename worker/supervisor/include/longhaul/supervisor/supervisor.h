@@ -108,7 +108,7 @@ struct SupervisorOptions {
 
   // Pre-trained initialisation; called only when the logdir has no valid checkpoint.
   std::function<void(TrainingState&)> init_fn;
-  // A replacement replica joining a running data-parallel group (worker/dist, "Recovery in
+  // A replacement replica joining a running data-parallel group (worker/distributed, "Recovery in
   // place"): when set, the session takes the state from the running replicas by calling this
   // instead of restoring a checkpoint or initialising (chief and non-chief alike; a non-chief
   // does not wait for the chief's marker). No checkpoint is read; init_fn is not called.
@@ -181,7 +181,7 @@ class Supervisor {
   // Saves so far in this process, by the checkpoint service, requests and the final save.
   int64_t checkpoints_saved() const;
 
-  // A non-chief that outlived its chief (worker/dist: the chief was lost and its replacement
+  // A non-chief that outlived its chief (worker/distributed: the chief was lost and its replacement
   // never came): takes the logdir's writer lock when no live process holds it and commits
   // `state` as a checkpoint, synchronously, unless the logdir already holds one at this step or
   // later. Returns the file written, or nullopt when the lock is held (the chief is alive, or

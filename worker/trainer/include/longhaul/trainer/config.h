@@ -85,8 +85,8 @@ struct SupervisorConfigSection {
   // Data-parallel replicas, when a peer is lost (its process died, hung past the collective
   // timeout, or left on a SIGTERM): "regroup" (the default) keeps the survivors' processes and
   // state, waits for a replacement of the lost rank and hands it the state in memory
-  // (worker/dist/README.md, "Recovery in place"); "exit" ends every survivor with 138 and the
-  // whole group restarts from the latest checkpoint.
+  // (worker/distributed/README.md, "Recovery in place"); "exit" ends every survivor with 138 and
+  // the whole group restarts from the latest checkpoint.
   std::string on_peer_loss = "regroup";
   // regroup: how long the survivors wait for the replacement before they commit a final
   // checkpoint (the chief) and exit 138, so that a group restart still makes progress.

@@ -61,7 +61,7 @@ struct RunOptions {
   supervisor::SignalHandler* signals = nullptr;
   bool handle_signals = true;
 
-  // Data-parallel replicas (set from longhaul/dist/data_parallel.h; empty for one replica).
+  // Data-parallel replicas (set from longhaul/distributed/data_parallel.h; empty for one replica).
   // All are called on the training thread, by every replica at the same points.
   // First thing in the session, after restore/initialisation: make this replica's whole state
   // the chief's (parameters, moments, step, data position).

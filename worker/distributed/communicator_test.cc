@@ -1,6 +1,6 @@
 // Rendezvous, collectives and DataParallel with ranks as threads of one process (fast): the
 // multi-process tests of the worker binary are in tests/worker/dist_*_test.cc.
-#include "longhaul/dist/communicator.h"
+#include "longhaul/distributed/communicator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
-#include "longhaul/dist/data_parallel.h"
+#include "longhaul/distributed/data_parallel.h"
 #include "longhaul/model/gpt2_cpu.h"
 
 namespace longhaul::dist {

@@ -1,5 +1,5 @@
 // TF_CONFIG parsing and replica identity. See cluster.h.
-#include "longhaul/dist/cluster.h"
+#include "longhaul/distributed/cluster.h"
 
 #include <cstdlib>
 

@@ -1,5 +1,5 @@
 // `longhaul-worker launch`: a local data-parallel group with restarts. See launch.h.
-#include "longhaul/dist/launch.h"
+#include "longhaul/distributed/launch.h"
 
 #include <cerrno>
 #include <chrono>

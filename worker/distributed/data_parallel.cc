@@ -1,6 +1,6 @@
 // DataParallel: state broadcast, gradient averaging (overlapped bucketed all-reduce on CPU),
 // stop agreement. See data_parallel.h.
-#include "longhaul/dist/data_parallel.h"
+#include "longhaul/distributed/data_parallel.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +13,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
-#include "longhaul/dist/nccl.h"
+#include "longhaul/distributed/nccl.h"
 
 namespace longhaul::dist {
 namespace {

@@ -1,6 +1,6 @@
 // TF_CONFIG parsing and replica resolution: table tests of ranks, world sizes and the errors
 // that name the TF_CONFIG field.
-#include "longhaul/dist/cluster.h"
+#include "longhaul/distributed/cluster.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The training.done marker. See training_done.h.
-#include "longhaul/dist/training_done.h"
+#include "longhaul/distributed/training_done.h"
 
 #include <string>
 

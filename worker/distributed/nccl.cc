@@ -1,5 +1,5 @@
 // NCCL gradient all-reduce, bootstrapped over the Gloo communicator. See nccl.h.
-#include "longhaul/dist/nccl.h"
+#include "longhaul/distributed/nccl.h"
 
 #include "longhaul/base/error.h"
 

@@ -100,7 +100,7 @@
 #include <vector>
 
 #include "longhaul/base/error.h"
-#include "longhaul/dist/communicator.h"
+#include "longhaul/distributed/communicator.h"
 #include "longhaul/model/language_model.h"
 #include "longhaul/supervisor/training_state.h"
 

@@ -1,5 +1,5 @@
 // The evaluator replica: follows the logdir, evaluates each new checkpoint. See evaluator.h.
-#include "longhaul/dist/evaluator.h"
+#include "longhaul/distributed/evaluator.h"
 
 #include <chrono>
 #include <cinttypes>
@@ -13,7 +13,7 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
 #include "longhaul/data/data_loader.h"
-#include "longhaul/dist/training_done.h"
+#include "longhaul/distributed/training_done.h"
 #include "longhaul/model/gpt2_cpu.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"

@@ -17,9 +17,9 @@
 //   - with replace_lost_replicas (the replicas run with supervisor.on_peer_loss: regroup), a
 //     replica killed by a signal or preempted (a retryable code other than 138) while others
 //     still run is replaced alone: the same rank, TF_CONFIG and attempt, so it joins the
-//     survivors in place (worker/dist/README.md, "Recovery in place"). Each replacement counts
-//     as one restart. Exit 138 means the survivors gave up (regroup timeout): the whole group
-//     restarts as above;
+//     survivors in place (worker/distributed/README.md, "Recovery in place"). Each replacement
+//     counts as one restart. Exit 138 means the survivors gave up (regroup timeout): the whole
+//     group restarts as above;
 //   - SIGTERM / SIGINT to the launcher are forwarded to every child (no restart afterwards); a
 //     second one sends SIGKILL. Children run in their own process group (a terminal's Ctrl-C
 //     reaches them once, through the launcher) and get SIGTERM if the launcher dies;

@@ -1,5 +1,5 @@
 // Rendezvous through the shared logdir and the Gloo communicator. See communicator.h.
-#include "longhaul/dist/communicator.h"
+#include "longhaul/distributed/communicator.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -16,8 +16,8 @@
 #include <chrono>
 #include <memory>
 
-#include "longhaul/dist/communicator.h"
-#include "longhaul/dist/data_parallel.h"
+#include "longhaul/distributed/communicator.h"
+#include "longhaul/distributed/data_parallel.h"
 
 namespace longhaul::dist {
 
