@@ -19,6 +19,8 @@ WORKER_COUNTERS = {
     "longhaul_checkpoint_written_bytes_total",
     "longhaul_checkpoint_saves_total",
     "longhaul_checkpoint_restores_total",
+    "longhaul_train_skipped_steps_total",
+    "longhaul_worker_regroups_total",
 }
 WORKER_GAUGES = {
     "longhaul_train_global_step",
@@ -26,6 +28,7 @@ WORKER_GAUGES = {
     "longhaul_train_learning_rate",
     "longhaul_train_grad_norm",
     "longhaul_train_tokens_per_second",
+    "longhaul_train_max_steps",
     "longhaul_checkpoint_last_step",
     "longhaul_checkpoint_last_timestamp_seconds",
     "longhaul_checkpoint_last_bytes",
@@ -36,6 +39,7 @@ WORKER_HISTOGRAMS = {
     "longhaul_train_step_duration_seconds",
     "longhaul_checkpoint_duration_seconds",
     "longhaul_checkpoint_stall_seconds",
+    "longhaul_worker_regroup_duration_seconds",
 }
 OPERATOR_COUNTERS = {
     "longhaul_operator_reconciles_total",
@@ -52,6 +56,8 @@ OPERATOR_HISTOGRAMS = {
     "longhaul_operator_reconcile_duration_seconds",
     "longhaul_operator_workqueue_latency_seconds",
     "longhaul_operator_recovery_seconds",
+    "longhaul_operator_reconcile_cpu_seconds",
+    "longhaul_operator_api_request_duration_seconds",
 }
 
 
