@@ -3,7 +3,8 @@
 // local kubelet registering and heartbeating its Nodes and running longhaul-worker processes,
 // examples/trainingjob-tiny.yaml's Chief + Worker. The chief is preempted, then the worker, then
 // the worker's node is lost; the job must end Succeeded with a valid logdir whose chief resumed
-// at the checkpointed steps.
+// at the checkpointed steps. With restartScope Replica (the default) the same three faults must
+// each re-create only the lost pod while the survivors keep theirs and regroup in place.
 //
 // What a real server does that the fake one does not, and how this copes: the logdir claim stays
 // Pending (no provisioner; the operator does not wait for Bound and the kubelet maps the claim to
@@ -11,15 +12,18 @@
 // it); the controller manager's garbage collector removes what the job owns; the pod garbage
 // collector deletes pods bound to unknown nodes (the kubelet registers its Nodes).
 #include <filesystem>
+#include <mutex>
 
 #include <gtest/gtest.h>
 
 #include <longhaul/api/trainingjob.h>
 #include <longhaul/e2e/local_cluster.h>
 #include <longhaul/envtest/gtest.h>
+#include <longhaul/kube/informer.h>
 #include <longhaul/supervisor/checkpoint_state.h>
 #include <longhaul/supervisor/safetensors.h>
 
+#include "longhaul/testing/loopback.h"
 #include "scenario_util.h"
 
 namespace longhaul::e2e {
@@ -87,6 +91,16 @@ class RealEndToEnd : public envtest::RealServerTest {
       cluster->kubelet().wait_for([] { return false; }, 250ms);
     }
     return pred();
+  }
+  // The uid of the pod when it is Running in the API, not being deleted, and its process runs
+  // here; "" otherwise.
+  std::string running_uid(const std::string& pod) {
+    auto p = get(res::kPods, pod);
+    if (!p || p->at("metadata").contains("deletionTimestamp")) return "";
+    if (p->value("status", json::object()).value("phase", "") != "Running") return "";
+    const std::string uid = p->at("metadata").value("uid", "");
+    auto info = cluster->kubelet().pod(ns, pod);
+    return info && info->running && info->uid == uid ? uid : "";
   }
   std::string context() {
     return "\njob status: " + api::to_json(status()).dump() + "\noperator log tail:\n" +
@@ -156,6 +170,190 @@ TEST_F(RealEndToEnd, ChiefAndWorkerSurvivePreemptionsAndANodeLossOnTheRealApiSer
   EXPECT_EQ(starts[0], 0);
   EXPECT_GE(starts[1], before_first);
   EXPECT_EQ(session_start_steps(logdir), starts);
+}
+
+// Every status of one TrainingJob in the order the API server reported it, from a watch: what
+// `kubectl get tj -w` shows, including states that last less than a poll interval (a Recovering
+// condition that is True for a few hundred milliseconds).
+class StatusHistory {
+ public:
+  StatusHistory(std::shared_ptr<kube::Client> client, const std::string& ns,
+                const std::string& name)
+      : informer_(std::move(client),
+                  kube::InformerOptions{.resource = res::kTrainingJobs,
+                                        .ns = ns,
+                                        .field_selector = "metadata.name=" + name}) {
+    auto record = [this](const json& job) {
+      std::lock_guard lock(mu_);
+      statuses_.push_back(api::parse_status(job.value("status", json::object())));
+    };
+    informer_.add_handlers({.on_add = record,
+                            .on_update = [record](const json&, const json& job) { record(job); },
+                            .on_delete = {}});
+    informer_.start();
+  }
+  ~StatusHistory() { informer_.stop(); }
+  std::vector<api::TrainingJobStatus> statuses() const {
+    std::lock_guard lock(mu_);
+    return statuses_;
+  }
+  // The Recovering condition's status through the history, repeats collapsed ("" = absent).
+  std::vector<std::string> recovering() const {
+    std::vector<std::string> out;
+    for (const api::TrainingJobStatus& s : statuses()) {
+      const auto* c = api::find_condition(s, api::condition::kRecovering);
+      const std::string v = c ? c->status : "";
+      if (out.empty() || out.back() != v) out.push_back(v);
+    }
+    if (!out.empty() && out.front().empty()) out.erase(out.begin());
+    return out;
+  }
+
+ private:
+  kube::Informer informer_;
+  mutable std::mutex mu_;
+  std::vector<api::TrainingJobStatus> statuses_;  // guarded by mu_
+};
+
+// restartScope Replica (the default) on the real API server, workers regrouping in place
+// (supervisor.on_peer_loss: regroup, the default): the worker is preempted, later the chief, later
+// the worker's node is lost (its pod evicted and force-deleted). Each time only the lost pod is
+// re-created, the other keeps its pod (same uid) and its process, nobody reads a checkpoint, and
+// the training step never goes back; the job succeeds, status counts three recoveries and the
+// Recovering condition went True then False for each. What the replacement of a lost chief does
+// inside the group (rank 0 again, or a worker while the lowest survivor takes over) is not
+// assumed: only what users see.
+TEST_F(RealEndToEnd, ReplicaScopeReplacesOnlyTheLostPodsOnTheRealApiServer) {
+  json job = tiny_job(/*with_worker=*/true);
+  job["metadata"]["namespace"] = ns;
+  job["spec"]["runPolicy"]["restartScope"] = "Replica";
+  for (const char* type : {"Chief", "Worker"}) {
+    json& pod_spec = job["spec"]["replicaSpecs"][type]["template"]["spec"];
+    pod_spec["terminationGracePeriodSeconds"] = 5;
+    json kept = json::array();
+    for (const json& a : pod_spec["containers"][0]["args"]) {
+      if (a != "--set=supervisor.on_peer_loss=exit") kept.push_back(a);
+    }
+    pod_spec["containers"][0]["args"] = kept;
+  }
+  // The chief pod serves its metrics on a free local port declared as its `metrics` port, so
+  // status.progress (the STEP column) follows the run.
+  const int metrics_port = longhaul::testing::free_loopback_port();
+  json& chief_container = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
+  chief_container["args"].push_back("--metrics-port=" + std::to_string(metrics_port));
+  chief_container["ports"] = {{{"name", "metrics"}, {"containerPort", metrics_port}}};
+  job["spec"]["progressIntervalSeconds"] = 5;
+  const int64_t max_steps = job_max_steps(job);
+  StatusHistory history(std::make_shared<kube::HttpClient>(plane().admin_config()), ns, "tiny");
+  cluster->apply(job);
+  const fs::path logdir = cluster->claim_dir(ns, "tiny-logdir");
+  const std::string chief = "tiny-chief-0", worker = "tiny-worker-0";
+  auto latest = [&] { return latest_checkpoint_step(logdir).value_or(-1); };
+  // Waits until the job reports `n` recoveries, the group is whole again (Recovering False) and
+  // `lost` runs as a new pod; then the survivor must still be the same pod.
+  auto replaced_alone = [&](const std::string& lost, const std::string& lost_uid,
+                            const std::string& survivor, const std::string& survivor_uid, int n) {
+    ASSERT_TRUE(eventually(
+        [&] {
+          const auto s = status();
+          const auto* c = api::find_condition(s, api::condition::kRecovering);
+          const std::string uid = running_uid(lost);
+          return s.recoveries == n && c && c->status == "False" && !uid.empty() && uid != lost_uid;
+        },
+        240s))
+        << "recovery " << n << context();
+    EXPECT_EQ(running_uid(survivor), survivor_uid)
+        << survivor << " was re-created or stopped running in recovery " << n;
+  };
+
+  ASSERT_TRUE(eventually(
+      [&] {
+        return !running_uid(chief).empty() && !running_uid(worker).empty() &&
+               latest() >= max_steps / 4;
+      },
+      240s))
+      << context();
+  ASSERT_NE(node_of(chief), node_of(worker));
+
+  // 1. The worker is preempted.
+  std::string chief_uid = running_uid(chief), worker_uid = running_uid(worker);
+  cluster->kubelet().preempt(ns, worker);
+  replaced_alone(worker, worker_uid, chief, chief_uid, 1);
+  if (HasFatalFailure()) return;
+  RecordProperty("worker_preempted_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
+
+  // 2. Later the chief is preempted.
+  ASSERT_TRUE(eventually([&] { return latest() >= max_steps / 2; }, 240s)) << context();
+  chief_uid = running_uid(chief);
+  worker_uid = running_uid(worker);
+  cluster->kubelet().preempt(ns, chief);
+  replaced_alone(chief, chief_uid, worker, worker_uid, 2);
+  if (HasFatalFailure()) return;
+  RecordProperty("chief_preempted_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
+
+  // 3. Then the worker's node is lost: the node lifecycle controller (played by the kubelet)
+  //    evicts its pod, which stays Terminating on the dead node until the operator force-deletes
+  //    it after nodeLostTimeoutSeconds.
+  ASSERT_TRUE(eventually([&] { return latest() >= 3 * max_steps / 4; }, 240s)) << context();
+  const std::string lost = node_of(worker);
+  ASSERT_NE(lost, node_of(chief));
+  chief_uid = running_uid(chief);
+  worker_uid = running_uid(worker);
+  kubelet::LoseNodeOptions lose;
+  lose.evict_after = 1s;
+  cluster->kubelet().lose_node(lost, lose);
+  replaced_alone(worker, worker_uid, chief, chief_uid, 3);
+  if (HasFatalFailure()) return;
+  RecordProperty("node_lost_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
+  EXPECT_NE(node_of(worker), lost);
+
+  ASSERT_TRUE(eventually([&] { return status().phase == "Succeeded"; }, 300s)) << context();
+  const api::TrainingJobStatus st = status();
+  EXPECT_EQ(st.recoveries, 3);
+  EXPECT_EQ(st.preemption_count, 3);  // the eviction of the lost node's pod is a disruption too
+  EXPECT_EQ(st.failure_count, 0);
+  EXPECT_TRUE(st.last_recovery_milliseconds.has_value());
+  EXPECT_EQ(history.recovering(),
+            (std::vector<std::string>{"True", "False", "True", "False", "True", "False"}))
+      << "the Recovering condition, as the watch saw it";
+  // STEP never went back (a replacement chief serves step 0 before it has the state: the
+  // operator keeps the last value) and ends at the run's length.
+  std::vector<int64_t> reported;
+  for (const api::TrainingJobStatus& s : history.statuses()) {
+    if (s.progress) reported.push_back(s.progress->step);
+  }
+  EXPECT_FALSE(reported.empty()) << "status.progress was never written";
+  EXPECT_EQ(where_steps_go_back(reported), "") << "status.progress.step went back";
+  ASSERT_TRUE(st.progress);
+  EXPECT_EQ(st.progress->max_steps, max_steps);
+
+  // The pods' own account: each pod's steps (every incarnation, in order) never go back, the
+  // replacements took the state from the running replicas, and nobody read a checkpoint.
+  for (const std::string& pod : {chief, worker}) {
+    const std::string text = read_text(cluster->kubelet().log_path(ns, pod));
+    const std::vector<int64_t> steps = progress_steps(text);
+    EXPECT_FALSE(steps.empty()) << pod;
+    EXPECT_EQ(where_steps_go_back(steps), "") << pod << "'s steps went back";
+    EXPECT_EQ(text.find("restored checkpoint"), std::string::npos) << pod << " read a checkpoint";
+  }
+  EXPECT_EQ(start_steps(read_text(cluster->kubelet().log_path(ns, chief))).size(), 2u)
+      << "chief pod starts: the first and its replacement";
+  EXPECT_EQ(start_steps(read_text(cluster->kubelet().log_path(ns, worker))).size(), 3u)
+      << "worker pod starts: the first and two replacements";
+
+  // The logdir: the final checkpoint, every retained one valid, events files whose sessions
+  // start at steps that never go back.
+  auto state = supervisor::read_checkpoint_state(logdir);
+  ASSERT_TRUE(state) << "no checkpoint state file in " << logdir;
+  EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
+  for (const std::string& p : state->all_model_checkpoint_paths) {
+    supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
+    EXPECT_NO_THROW(r.verify_all()) << p;
+  }
+  const std::vector<int64_t> sessions = session_start_steps(logdir);
+  ASSERT_FALSE(sessions.empty());
+  EXPECT_EQ(sessions.front(), 0);
+  EXPECT_EQ(where_steps_go_back(sessions), "") << "events files' SessionLog START steps";
 }
 
 }  // namespace

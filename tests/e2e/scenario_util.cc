@@ -112,6 +112,36 @@ std::vector<int64_t> start_steps(const std::string& text) {
   return out;
 }
 
+std::vector<int64_t> progress_steps(const std::string& text) {
+  static const std::regex start(R"((starting|resuming) at step (\d+)/)");
+  static const std::regex step(R"(^step +(\d+)/)");
+  std::vector<int64_t> out;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    std::smatch m;
+    if (std::regex_search(line, m, start)) {
+      out.push_back(std::stoll(m[2].str()));
+    } else if (std::regex_search(line, m, step)) {
+      out.push_back(std::stoll(m[1].str()));
+    }
+    begin = end + 1;
+  }
+  return out;
+}
+
+std::string where_steps_go_back(const std::vector<int64_t>& steps) {
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (steps[i] < steps[i - 1]) {
+      return std::to_string(steps[i]) + " after " + std::to_string(steps[i - 1]) + " (entry " +
+             std::to_string(i) + ")";
+    }
+  }
+  return "";
+}
+
 std::vector<int64_t> session_start_steps(const fs::path& logdir) {
   std::vector<std::pair<double, int64_t>> files;
   for (const fs::path& f : supervisor::list_events_files(logdir)) {

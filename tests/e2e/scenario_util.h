@@ -40,6 +40,11 @@ fs::path checkpoint_file(const fs::path& logdir, const std::string& checkpoint_p
 std::optional<int64_t> latest_checkpoint_step(const fs::path& logdir);
 // The N of every "starting at step N/" / "resuming at step N/" in a worker's output, in order.
 std::vector<int64_t> start_steps(const std::string& text);
+// The training step of every progress line of a worker's output, in order: "starting/resuming at
+// step N/", "step N/M | ..." (a pod log holds every incarnation of the pod, one after the other).
+std::vector<int64_t> progress_steps(const std::string& text);
+// Where `steps` goes back ("12 after 40 (entry 7)"); empty when it never does.
+std::string where_steps_go_back(const std::vector<int64_t>& steps);
 // The SessionLog START step of each events file of the logdir, files in the order they were
 // started (their first event's wall time); -1 for a file without START.
 std::vector<int64_t> session_start_steps(const fs::path& logdir);
