@@ -6,7 +6,6 @@
 #include "longhaul/api/trainingjob.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
-#include "longhaul/kube/selector.h"
 #include "longhaul/kube/stop.h"
 
 namespace longhaul::controller {
@@ -35,47 +34,10 @@ double thread_cpu_seconds() {
 
 }  // namespace
 
-// Pods, Services and claims from the informer caches; the job from the API.
-class Controller::CacheView : public ClusterView {
- public:
-  CacheView(Controller& c) : c_(c) {}
-
-  json get_job(const std::string& ns, const std::string& name) override {
-    return c_.client_->get(res::kTrainingJobs, ns, name);
-  }
-
-  std::vector<json> list_pods(const std::string& ns, const std::string& job) override {
-    const auto selector = kube::LabelSelector::parse(std::string(api::kLabelJobName) + "=" + job);
-    std::vector<json> out;
-    for (const auto& inf : c_.pod_informers_) {
-      for (const kube::ObjectPtr& p : inf->store().list(ns, selector)) out.push_back(*p);
-    }
-    return out;
-  }
-
-  bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) override {
-    for (const auto& inf : c_.child_informers_) {
-      if (inf->store().get(ns, name) == nullptr) continue;
-      const json& obj = *inf->store().get(ns, name);
-      if (obj.value("kind", r.kind) == r.kind) return true;
-    }
-    // Not cached (e.g. a claim without our label, named by the user): ask the API.
-    try {
-      c_.client_->get(r, ns, name);
-      return true;
-    } catch (const kube::NotFoundError&) {
-      return false;
-    }
-  }
-
- private:
-  Controller& c_;
-};
-
 Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
                        ControllerOptions options)
     : client_(std::move(client)), options_(std::move(options)) {
-  view_ = std::make_unique<CacheView>(*this);
+  view_ = std::make_unique<InformerClusterView>(*client_, pod_informers_, child_informers_);
   if (events == nullptr) {
     own_events_ =
         std::make_unique<RecorderEventSink>(std::make_shared<kube::EventRecorder>(client_));

@@ -32,6 +32,8 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/controller/cluster_view.h"
+#include "longhaul/controller/event_sink.h"
 #include "longhaul/controller/reconciler.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/informer.h"
@@ -82,7 +84,6 @@ class Controller {
   void enqueue(const std::string& key);
 
  private:
-  class CacheView;
   void worker_loop();
   void enqueue_owner(const json& object);
   void resync_loop();
@@ -92,7 +93,7 @@ class Controller {
   std::vector<std::unique_ptr<kube::Informer>> job_informers_;
   std::vector<std::unique_ptr<kube::Informer>> pod_informers_;
   std::vector<std::unique_ptr<kube::Informer>> child_informers_;  // services, claims
-  std::unique_ptr<CacheView> view_;
+  std::unique_ptr<InformerClusterView> view_;
   std::unique_ptr<EventSink> own_events_;
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<kube::WorkQueue> queue_;

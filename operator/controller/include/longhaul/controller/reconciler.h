@@ -51,6 +51,9 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/controller/cluster_view.h"
+#include "longhaul/controller/event_sink.h"
+#include "longhaul/controller/expectations.h"
 #include "longhaul/controller/progress.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/events.h"
@@ -58,96 +61,6 @@
 namespace longhaul::controller {
 
 using json = nlohmann::json;
-
-// Where the reconciler reads the cluster. The default reads straight from the API; the operator
-// binary passes one backed by informer caches.
-class ClusterView {
- public:
-  virtual ~ClusterView() = default;
-  // Throws kube::NotFoundError when the job does not exist. Must be fresh enough that a status
-  // the reconciler wrote is seen by its next reconcile (the API, not a lagging cache), because
-  // the status write is guarded by resourceVersion anyway.
-  virtual json get_job(const std::string& ns, const std::string& name) = 0;
-  // Pods labelled longhaul.dev/job-name=<job> in `ns` (owner filtering is the reconciler's).
-  virtual std::vector<json> list_pods(const std::string& ns, const std::string& job) = 0;
-  // Whether the object exists (Service, PersistentVolumeClaim).
-  virtual bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) = 0;
-};
-
-// Reads everything with GET/LIST through `client`.
-class ApiClusterView : public ClusterView {
- public:
-  explicit ApiClusterView(kube::Client& client) : client_(client) {}
-  json get_job(const std::string& ns, const std::string& name) override;
-  std::vector<json> list_pods(const std::string& ns, const std::string& job) override;
-  bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) override;
-
- private:
-  kube::Client& client_;
-};
-
-// Receives one Kubernetes Event per decision. Implementations must not throw.
-class EventSink {
- public:
-  virtual ~EventSink() = default;
-  // type: "Normal" or "Warning".
-  virtual void record(const json& involved_object, std::string_view type, std::string_view reason,
-                      std::string_view message) = 0;
-};
-
-// Creates core/v1 Events through a Client (errors are logged, never thrown).
-class ApiEventSink : public EventSink {
- public:
-  explicit ApiEventSink(kube::Client& client, std::string component = "longhaul-operator")
-      : client_(client), component_(std::move(component)) {}
-  void record(const json& involved_object, std::string_view type, std::string_view reason,
-              std::string_view message) override;
-
- private:
-  kube::Client& client_;
-  std::string component_;
-};
-
-// Records through operator/kube's EventRecorder (aggregates repeats into one Event with a count).
-class RecorderEventSink : public EventSink {
- public:
-  explicit RecorderEventSink(std::shared_ptr<kube::EventRecorder> recorder)
-      : recorder_(std::move(recorder)) {}
-  void record(const json& involved_object, std::string_view type, std::string_view reason,
-              std::string_view message) override {
-    recorder_->record(involved_object, type, reason, message);
-  }
-
- private:
-  std::shared_ptr<kube::EventRecorder> recorder_;
-};
-
-// Pod writes issued but not yet seen by the ClusterView. Thread-safe.
-class Expectations {
- public:
-  explicit Expectations(std::chrono::steady_clock::duration ttl = std::chrono::seconds(60))
-      : ttl_(ttl) {}
-  void expect_deletion(const std::string& job_key, const std::string& pod, const std::string& uid);
-  void expect_creation(const std::string& job_key, const std::string& pod);
-  // Drops what the observed pods satisfy: deletions whose uid is gone or terminating, creations
-  // whose name is present. Expired entries (ttl) are dropped too.
-  void observe(const std::string& job_key, const std::vector<json>& pods);
-  // A create that failed: nothing is expected under that name any more.
-  void creation_failed(const std::string& job_key, const std::string& pod);
-  bool deletion_pending(const std::string& job_key, const std::string& pod) const;
-  bool creation_pending(const std::string& job_key, const std::string& pod) const;
-  void forget(const std::string& job_key);
-
- private:
-  struct Pending {
-    std::string uid;  // deletions only
-    std::chrono::steady_clock::time_point since;
-  };
-  std::chrono::steady_clock::duration ttl_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::map<std::string, Pending>> deletions_;  // guarded by mu_
-  std::map<std::string, std::map<std::string, Pending>> creations_;  // guarded by mu_
-};
 
 struct ReconcileResult {
   // Reconcile again after this long even without a watch event (backoff, deadline, TTL, ...).
