@@ -6,6 +6,7 @@
 #include "longhaul/api/trainingjob.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/controller/ownership.h"
 #include "longhaul/kube/stop.h"
 
 namespace longhaul::controller {
@@ -101,13 +102,9 @@ void Controller::enqueue(const std::string& key) { queue_->add(key); }
 void Controller::enqueue_owner(const json& object) {
   const json& md = object.at("metadata");
   const std::string ns = md.value("namespace", std::string());
-  if (md.contains("ownerReferences") && md["ownerReferences"].is_array()) {
-    for (const json& ref : md["ownerReferences"]) {
-      if (ref.value("controller", false) && ref.value("kind", "") == api::kKind) {
-        enqueue(kube::object_key(ns, ref.value("name", std::string())));
-        return;
-      }
-    }
+  if (const json* ref = controlling_job_reference(object)) {
+    enqueue(kube::object_key(ns, ref->value("name", std::string())));
+    return;
   }
   const json labels = md.value("labels", json::object());
   if (labels.contains(api::kLabelJobName) && labels[api::kLabelJobName].is_string()) {

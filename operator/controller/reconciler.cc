@@ -9,6 +9,7 @@
 #include "longhaul/controller/children.h"
 #include "longhaul/controller/cleanup_policy.h"
 #include "longhaul/controller/failure_policy.h"
+#include "longhaul/controller/ownership.h"
 #include "longhaul/controller/recovery_policy.h"
 #include "longhaul/controller/success_policy.h"
 #include "longhaul/kube/stop.h"
@@ -63,13 +64,7 @@ ObservedPod observe_pod(json pod) {
 }
 
 bool owned_by(const json& obj, const std::string& uid, const std::string& name) {
-  const json& md = obj.at("metadata");
-  if (!md.contains("ownerReferences") || !md["ownerReferences"].is_array()) return false;
-  for (const json& ref : md["ownerReferences"]) {
-    if (!ref.value("controller", false) || ref.value("kind", "") != api::kKind) continue;
-    if (!uid.empty() ? ref.value("uid", "") == uid : ref.value("name", "") == name) return true;
-  }
-  return false;
+  return controlled_by_job(obj, uid, name);
 }
 
 struct Action {
