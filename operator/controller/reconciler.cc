@@ -228,7 +228,9 @@ Reconciler::Reconciler(kube::Client& client, ClusterView* view, EventSink* event
     view = own_view_.get();
   }
   if (events == nullptr) {
-    own_events_ = std::make_unique<ApiEventSink>(client);
+    // Not owned: the client outlives the reconciler.
+    own_events_ = std::make_unique<RecorderEventSink>(std::make_shared<kube::EventRecorder>(
+        std::shared_ptr<kube::Client>(std::shared_ptr<kube::Client>(), &client)));
     events = own_events_.get();
   }
   view_ = view;

@@ -12,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "longhaul/kube/client.h"
 #include "longhaul/kube/events.h"
 
 namespace longhaul::controller {
@@ -25,19 +24,6 @@ class EventSink {
   // type: "Normal" or "Warning".
   virtual void record(const json& involved_object, std::string_view type, std::string_view reason,
                       std::string_view message) = 0;
-};
-
-// Creates core/v1 Events through a Client (errors are logged, never thrown).
-class ApiEventSink : public EventSink {
- public:
-  explicit ApiEventSink(kube::Client& client, std::string component = "longhaul-operator")
-      : client_(client), component_(std::move(component)) {}
-  void record(const json& involved_object, std::string_view type, std::string_view reason,
-              std::string_view message) override;
-
- private:
-  kube::Client& client_;
-  std::string component_;
 };
 
 // Records through operator/kube's EventRecorder (aggregates repeats into one Event with a count).

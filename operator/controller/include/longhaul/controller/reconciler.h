@@ -89,7 +89,7 @@ struct ReconcilerOptions {
 class Reconciler {
  public:
   // `client` performs every write; `view` (nullable: ApiClusterView over client) serves reads;
-  // `events` (nullable: ApiEventSink over client). All must outlive the reconciler.
+  // `events` (nullable: a kube::EventRecorder over client). All must outlive the reconciler.
   Reconciler(kube::Client& client, ClusterView* view, EventSink* events,
              ReconcilerOptions options = {});
   ~Reconciler();
