@@ -1,41 +1,63 @@
 #!/usr/bin/env bash
-# Recovery from a lost replica (worker/distributed): 3 data-parallel replicas on one machine (processes
-# with TF_CONFIG, as pods get it), one is lost, and the group goes on. Per scenario: the time
-# from the fault to the next completed step, how many steps were computed twice, and whether a
-# checkpoint was read.
+# Recovery from a lost replica: 3 data-parallel replicas, one is lost, the group goes on. Two
+# tables:
 #
-#   bench/recovery_bench.sh [--build-dir DIR] [--preset tiny] [--batch 4] [--seq 64]
-#                           [--save-every 50] [--lose-at 120]
+# 1. On the local cluster (build/<dir>/bench/recovery_cluster_bench, bench/recovery_cluster_bench.cc):
+#    the longhaul-operator binary against the fake API server, the local kubelet running the pods
+#    of a 3-replica TrainingJob as longhaul-worker processes; per restartScope (Replica: only the
+#    lost pod is re-created, the survivors regroup in place; Group: every pod is re-created and
+#    restores the latest checkpoint) and fault (worker SIGKILL, chief SIGKILL, worker preempted
+#    with notice): the time from the fault to the next completed step, the pod start reported
+#    separately (pod created -> process started) and subtracted, steps redone, pods re-created,
+#    whether a checkpoint was read, and the operator's own status.lastRecoveryMilliseconds.
+# 2. Processes only (no operator, no pods; the baseline): the same replicas started here with
+#    TF_CONFIG as pods get it, the lost one replaced at once with the same rank.
 #
-# Scenarios: in place (supervisor.on_peer_loss: regroup, the default) with a worker SIGKILLed,
-# the chief SIGKILLed, a worker preempted (SIGTERM: it tells the others), each followed at once by
-# a replacement with the same rank (what the operator does with restartScope: Replica, minus the
-# pod's scheduling and image pull); and today's group restart (on_peer_loss: exit) after a
-# worker SIGKILL: the survivors exit 138 and all three restart from the latest checkpoint (taken
-# every --save-every steps). The replica is lost once the chief printed step --lose-at. Steps
-# redone = the last step completed before the fault - the step training continued from. With
-# --build-dir unset it builds longhaul-worker in build/bench-dist (Release). Results are recorded
-# in bench/README.md.
+#   bench/recovery_bench.sh [--build-dir DIR] [--only cluster|processes] [--preset tiny]
+#                           [--batch 4] [--seq 64] [--save-every 50] [--lose-at 120]
+#
+# Processes table: in place (supervisor.on_peer_loss: regroup, the default) with a worker
+# SIGKILLed, the chief SIGKILLed, a worker preempted (SIGTERM: it tells the others), each followed
+# at once by a replacement with the same rank (what the operator does with restartScope: Replica,
+# minus the operator and the pod); and today's group restart (on_peer_loss: exit) after a worker
+# SIGKILL: the survivors exit 138 and all three restart from the latest checkpoint (taken every
+# --save-every steps). The replica is lost once the chief printed step --lose-at. Steps redone =
+# the last step completed before the fault - the step training continued from. With --build-dir
+# unset it builds longhaul-worker, longhaul-operator and recovery_cluster_bench in
+# build/bench-dist (Release). Results are recorded in bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="" preset=tiny batch=4 seq=64 save_every=50 lose_at=120
+build="" only="" preset=tiny batch=4 seq=64 save_every=50 lose_at=120
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
     --preset) preset="$2"; shift 2 ;;
     --batch) batch="$2"; shift 2 ;;
     --seq) seq="$2"; shift 2 ;;
     --save-every) save_every="$2"; shift 2 ;;
     --lose-at) lose_at="$2"; shift 2 ;;
-    *) echo "usage: $0 [--build-dir DIR] [--preset P] [--batch B] [--seq T] [--save-every N]" \
-            "[--lose-at STEP]" >&2
+    *) echo "usage: $0 [--build-dir DIR] [--only cluster|processes] [--preset P] [--batch B]" \
+            "[--seq T] [--save-every N] [--lose-at STEP]" >&2
        exit 2 ;;
   esac
 done
+case "$only" in
+  ""|cluster|processes) ;;
+  *) echo "$0: --only takes cluster or processes, not '$only'" >&2; exit 2 ;;
+esac
 if [[ -z "$build" ]]; then
   build=build/bench-dist
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_CUDA=OFF >/dev/null
-  cmake --build "$build" --target longhaul-worker -j2 >/dev/null
+fi
+cmake --build "$build" --target longhaul-worker longhaul-operator recovery_cluster_bench -j2 \
+  >/dev/null || { echo "$0: building in $build failed (run the cmake --build above to see why)" >&2
+                  exit 1; }
+if [[ "$only" != processes ]]; then
+  "$build/bench/recovery_cluster_bench" --preset "$preset" --batch "$batch" --seq "$seq" \
+    --save-every "$save_every" --lose-at "$lose_at"
+  [[ "$only" == cluster ]] && exit 0
+  echo
 fi
 worker="$(realpath "$build/worker/cli/longhaul-worker")"
 work="$(mktemp -d /tmp/recovery_bench.XXXXXX)"
@@ -125,7 +147,7 @@ scenario() {  # scenario <name> <victim rank> <KILL|TERM> <regroup|exit>
     "$before->$resumed"
 }
 
-echo "== recovery: 3 replicas, $preset, per replica batch ${batch}x${seq}, checkpoint every" \
+echo "== recovery, processes only (no operator, no pods): 3 replicas, $preset, per replica batch ${batch}x${seq}, checkpoint every" \
   "$save_every steps, fault after step $lose_at, $(nproc) CPUs"
 printf "%-34s %14s %13s %12s %16s\n" scenario fault_to_step_s steps_redone ckpt_read \
   "step_before->from"

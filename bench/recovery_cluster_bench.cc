@@ -1,0 +1,459 @@
+// Recovery benchmark on the local cluster: a 3-replica TrainingJob (Chief + 2 Workers) run by the
+// longhaul-operator binary against the fake API server, its pods run as longhaul-worker processes
+// by the local kubelet (tests/kubelet), one replica lost per scenario, under restartScope Replica
+// (survivors regroup in place, supervisor.on_peer_loss regroup) and Group (every pod re-created,
+// on_peer_loss exit). bench/recovery_bench.sh builds and runs it; bench/README.md has the results.
+//
+//   build/<dir>/bench/recovery_cluster_bench [--scopes Replica,Group] [--faults ...]
+//       [--preset tiny] [--batch 4] [--seq 64] [--save-every 50] [--lose-at 120]
+//
+// Faults: worker-kill (SIGKILL to the process group of the pod of rank 2: the container dies),
+// chief-kill (the same for the chief), preempt (the kubelet's preemption with notice:
+// DisruptionTarget, then SIGTERM, for the pod of rank 2). Everything is timed on this process's
+// steady clock by polling: every 10 ms the pods' log files (every incarnation of a pod is appended
+// to one file; log.every_steps 1), every 2 ms the API server's pods (a new uid: the pod was
+// re-created) and the kubelet (the new pod's process started). Reported per scenario:
+//   fault_to_step_s  fault -> the next step completed after the group resumed (a survivor's log;
+//                    for Group, the restarted chief's);
+//   pod_start_s      pod created -> its process started (on a real cluster: scheduling, image pull,
+//                    container start); the largest over the re-created pods;
+//   excl_start_s     fault_to_step_s - pod_start_s (the goal: < 5 s);
+//   fault_to_pod_s   fault -> the last re-created pod exists (the operator noticing and acting,
+//                    including the old pod's deletion);
+//   start_to_join_s  the last re-created process started -> it printed "starting/resuming at step"
+//                    (process start-up, rendezvous, state broadcast or checkpoint read);
+//   steps_redone     the highest step any replica printed before the group resumed - the step it
+//                    resumed from (the goal: 0);
+//   pods_recreated, ckpt_read (a "restored checkpoint" log line after the fault), and for Replica
+//   the operator's own status.lastRecoveryMilliseconds (fault observed -> every replica Running).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include "longhaul/base/error.h"
+#include "longhaul/e2e/local_cluster.h"
+
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr const char* kJobs = "trainingjobs.longhaul.dev";
+constexpr const char* kNs = "default";
+
+struct Options {
+  std::string preset = "tiny";
+  int batch = 4, seq = 64, save_every = 50, lose_at = 120;
+  fs::path operator_binary = LONGHAUL_OPERATOR_BINARY;
+  fs::path worker_dir = LONGHAUL_WORKER_DIR;
+  fs::path root;
+};
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+json job_manifest(const std::string& name, const std::string& scope, const Options& o) {
+  const int max_steps = o.lose_at + 3 * o.save_every;
+  const std::string on_peer_loss = scope == "Group" ? "exit" : "regroup";
+  json args = json::array({"train"});
+  for (const std::string& s : {
+           "model.preset=" + o.preset,
+           "training.batch_size=" + std::to_string(o.batch),
+           "training.seq_len=" + std::to_string(o.seq),
+           "training.max_steps=" + std::to_string(max_steps),
+           std::string("training.warmup_steps=2"),
+           "checkpoint.save_model_steps=" + std::to_string(o.save_every),
+           std::string("checkpoint.save_model_secs=0"),
+           std::string("checkpoint.max_to_keep=2"),
+           std::string("summaries.every_steps=0"),
+           std::string("summaries.save_summaries_secs=0"),
+           std::string("log.every_steps=1"),
+           std::string("eval.every_steps=0"),
+           std::string("supervisor.recovery_wait_secs=0.05"),
+           std::string("supervisor.max_wait_secs=120"),
+           "supervisor.on_peer_loss=" + on_peer_loss,
+           std::string("supervisor.regroup_timeout_secs=120"),
+           std::string("grace_period_secs=25"),
+       }) {
+    args.push_back("--set=" + s);
+  }
+  const json container = {{"name", "worker"},
+                          {"image", "ghcr.io/longhaul-dev/longhaul-worker:0.1.0"},
+                          {"args", args},
+                          {"env", {{{"name", "LONGHAUL_NUM_THREADS"}, {"value", "1"}}}}};
+  const json tmpl = {
+      {"spec", {{"terminationGracePeriodSeconds", 30}, {"containers", {container}}}}};
+  return {{"apiVersion", "longhaul.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}, {"namespace", kNs}}},
+          {"spec",
+           {{"successPolicy", "ChiefSucceeds"},
+            {"logdir", {{"size", "1Gi"}, {"mountPath", "/logdir"}}},
+            {"runPolicy", {{"restartScope", scope}, {"nodeLostTimeoutSeconds", 1}}},
+            {"replicaSpecs",
+             {{"Chief", {{"replicas", 1}, {"restartPolicy", "ExitCode"}, {"template", tmpl}}},
+              {"Worker", {{"replicas", 2}, {"restartPolicy", "ExitCode"}, {"template", tmpl}}}}}}}};
+}
+
+// The lines the pods of one job wrote, each stamped when this process first saw it.
+class PodLogs {
+ public:
+  struct Line {
+    Clock::time_point seen;
+    std::string pod, text;
+  };
+  PodLogs(longhaul::kubelet::LocalKubelet& kubelet, std::vector<std::string> pods)
+      : kubelet_(kubelet), pods_(std::move(pods)) {}
+  void poll() {
+    const auto now = Clock::now();
+    for (const std::string& pod : pods_) {
+      std::ifstream in(kubelet_.log_path(kNs, pod), std::ios::binary);
+      if (!in) continue;
+      uint64_t& offset = offsets_[pod];
+      in.seekg(0, std::ios::end);
+      const auto size = static_cast<uint64_t>(in.tellg());
+      if (size <= offset) continue;
+      in.seekg(static_cast<std::streamoff>(offset));
+      std::string chunk(size - offset, '\0');
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      const size_t last = chunk.rfind('\n');
+      if (last == std::string::npos) continue;  // a whole line only
+      offset += last + 1;
+      std::istringstream lines(chunk.substr(0, last));
+      for (std::string text; std::getline(lines, text);) lines_.push_back({now, pod, text});
+    }
+  }
+  const std::vector<Line>& lines() const { return lines_; }
+
+ private:
+  longhaul::kubelet::LocalKubelet& kubelet_;
+  std::vector<std::string> pods_;
+  std::map<std::string, uint64_t> offsets_;
+  std::vector<Line> lines_;
+};
+
+std::optional<int64_t> step_line(const std::string& text) {
+  static const std::regex re(R"(^step +(\d+)/)");
+  std::smatch m;
+  if (!std::regex_search(text, m, re)) return std::nullopt;
+  return std::stoll(m[1].str());
+}
+
+std::optional<int64_t> start_line(const std::string& text) {
+  static const std::regex re(R"((starting|resuming) at step (\d+)/)");
+  std::smatch m;
+  if (!std::regex_search(text, m, re)) return std::nullopt;
+  return std::stoll(m[2].str());
+}
+
+struct Fault {
+  std::string name;    // worker-kill, chief-kill, preempt
+  bool chief = false;  // the victim is the chief (else the worker of rank 2)
+  bool notice = false;
+};
+
+struct Result {
+  std::string scope, fault;
+  bool ok = false;
+  std::string why;  // when !ok
+  double fault_to_step = 0, pod_start = 0, fault_to_pod = 0, start_to_join = 0;
+  int64_t before = 0, resumed = 0, redone = 0;
+  int recreated = 0;
+  bool ckpt_read = false;
+  std::optional<int64_t> operator_ms;
+};
+
+class Bench {
+ public:
+  explicit Bench(Options o) : o_(std::move(o)) {
+    longhaul::e2e::LocalClusterOptions co;
+    co.root = o_.root;
+    co.operator_binary = o_.operator_binary;
+    co.bin_dirs = {o_.worker_dir};
+    co.nodes = {"local-node-0", "local-node-1", "local-node-2"};
+    cluster_ = std::make_unique<longhaul::e2e::LocalCluster>(co);
+    cluster_->start();
+  }
+  ~Bench() { cluster_->stop(); }
+
+  Result run(const std::string& scope, const Fault& fault) {
+    Result r;
+    r.scope = scope;
+    r.fault = fault.name;
+    const std::string name = "rb" + std::to_string(++jobs_);
+    const std::string chief = name + "-chief-0";
+    const std::vector<std::string> pods = {chief, name + "-worker-0", name + "-worker-1"};
+    const std::string victim = fault.chief ? chief : pods[2];
+    // A survivor's log shows when training goes on; with Group every pod restarts, and the chief
+    // is the one that restores.
+    const std::string watch = scope == "Group" ? chief : (fault.chief ? pods[1] : chief);
+    auto& kubelet = cluster_->kubelet();
+    auto& api = cluster_->api();
+    cluster_->apply(job_manifest(name, scope, o_));
+    PodLogs logs(kubelet, pods);
+    auto last_step = [&](const std::string& pod) {
+      int64_t step = -1;
+      for (const auto& l : logs.lines()) {
+        if (l.pod != pod) continue;
+        if (auto s = step_line(l.text)) step = *s;
+      }
+      return step;
+    };
+    auto deadline = Clock::now() + 300s;
+    while (last_step(watch) < o_.lose_at) {
+      if (Clock::now() > deadline) {
+        r.why = "no step " + std::to_string(o_.lose_at) + " within 300 s";
+        finish(name, pods);
+        return r;
+      }
+      std::this_thread::sleep_for(10ms);
+      logs.poll();
+    }
+    std::map<std::string, std::string> old_uid, new_uid;
+    std::map<std::string, Clock::time_point> created, started;
+    for (const std::string& p : pods) {
+      auto info = kubelet.pod(kNs, p);
+      old_uid[p] = info ? info->uid : "";
+    }
+    const auto victim_info = kubelet.pod(kNs, victim);
+    const auto fault_at = Clock::now();
+    if (fault.notice) {
+      kubelet.preempt(kNs, victim);
+    } else if (victim_info && victim_info->pid > 0) {
+      ::kill(-victim_info->pid, SIGKILL);  // the pod's process group: the container dies
+    }
+    const size_t first_after_fault = logs.lines().size();
+
+    std::optional<Clock::time_point> resumed_at, next_step_at;
+    deadline = Clock::now() + 300s;
+    // Pods and processes are checked every 2 ms (cheap: in-process reads), the log files every
+    // 10 ms.
+    for (int tick = 0; !next_step_at && Clock::now() < deadline; ++tick) {
+      std::this_thread::sleep_for(2ms);
+      const auto now = Clock::now();
+      for (const std::string& p : pods) {
+        if (!created.count(p)) {
+          auto obj = api.try_get("pods", kNs, p);
+          const std::string uid =
+              obj ? obj->at("metadata").value("uid", std::string()) : std::string();
+          if (!uid.empty() && uid != old_uid[p]) {
+            created[p] = now;
+            new_uid[p] = uid;
+          }
+        }
+        if (created.count(p) && !started.count(p)) {
+          auto info = kubelet.pod(kNs, p);
+          if (info && info->uid == new_uid[p] && info->pid > 0) started[p] = now;
+        }
+      }
+      if (tick % 5 != 0) continue;
+      logs.poll();
+      // The group resumed: the re-created victim (Replica) or the restarted chief (Group) said
+      // from which step.
+      const std::string resumer = scope == "Group" ? chief : victim;
+      const auto& lines = logs.lines();
+      for (size_t i = first_after_fault; i < lines.size(); ++i) {
+        const auto& l = lines[i];
+        if (!resumed_at && l.pod == resumer) {
+          if (auto s = start_line(l.text)) {
+            resumed_at = l.seen;
+            r.resumed = *s;
+          }
+        } else if (resumed_at && l.pod == watch && l.seen >= *resumed_at) {
+          if (auto s = step_line(l.text); s && *s > r.resumed) {
+            next_step_at = l.seen;
+            break;
+          }
+        }
+      }
+    }
+    if (!next_step_at) {
+      r.why = resumed_at ? "no step after the resume within 300 s" : "never resumed within 300 s";
+      finish(name, pods);
+      return r;
+    }
+    r.ok = true;
+    r.fault_to_step = seconds(*next_step_at - fault_at);
+    for (const auto& l : logs.lines()) {
+      if (l.seen > *resumed_at) break;
+      if (auto s = step_line(l.text)) r.before = std::max(r.before, *s);
+    }
+    for (size_t i = first_after_fault; i < logs.lines().size(); ++i) {
+      if (logs.lines()[i].text.find("restored checkpoint") != std::string::npos) r.ckpt_read = true;
+    }
+    r.redone = std::max<int64_t>(0, r.before - r.resumed);
+    r.recreated = static_cast<int>(created.size());
+    Clock::time_point last_created = fault_at, last_started = fault_at;
+    for (const auto& [p, t] : created) {
+      last_created = std::max(last_created, t);
+      if (started.count(p)) {
+        r.pod_start = std::max(r.pod_start, seconds(started[p] - t));
+        last_started = std::max(last_started, started[p]);
+      }
+    }
+    r.fault_to_pod = seconds(last_created - fault_at);
+    // The last re-created process to say where it starts.
+    Clock::time_point joined = last_started;
+    for (const auto& [p, t] : started) {
+      for (size_t i = first_after_fault; i < logs.lines().size(); ++i) {
+        const auto& l = logs.lines()[i];
+        if (l.pod == p && l.seen >= t && start_line(l.text)) {
+          joined = std::max(joined, l.seen);
+          break;
+        }
+      }
+    }
+    r.start_to_join = seconds(joined - last_started);
+    if (scope != "Group") {
+      // The operator writes its own measure once every replica is Running again.
+      const auto until = Clock::now() + 10s;
+      while (Clock::now() < until) {
+        auto obj = api.try_get(kJobs, kNs, name);
+        const json st = obj ? obj->value("status", json::object()) : json::object();
+        if (st.value("recoveries", 0) >= 1 && st.value("recoveringSince", "").empty() &&
+            st.contains("lastRecoveryMilliseconds")) {
+          r.operator_ms = st["lastRecoveryMilliseconds"].get<int64_t>();
+          break;
+        }
+        std::this_thread::sleep_for(20ms);
+      }
+    }
+    finish(name, pods);
+    return r;
+  }
+
+ private:
+  // Deletes the job (its pods go with it) and waits until none of its processes runs.
+  void finish(const std::string& name, const std::vector<std::string>& pods) {
+    try {
+      cluster_->client().remove(longhaul::kube::resources::kTrainingJobs, kNs, name);
+    } catch (const longhaul::Error& e) {
+      std::fprintf(stderr, "deleting %s: %s\n", name.c_str(), e.what());
+    }
+    cluster_->kubelet().wait_for(
+        [&] {
+          for (const std::string& p : pods) {
+            auto info = cluster_->kubelet().pod(kNs, p);
+            if (info && info->running) return false;
+          }
+          return true;
+        },
+        120s);
+  }
+
+  Options o_;
+  std::unique_ptr<longhaul::e2e::LocalCluster> cluster_;
+  int jobs_ = 0;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::string scopes = "Replica,Group", faults = "worker-kill,chief-kill,preempt";
+  CLI::App app{
+      "Recovery from a lost replica on the local cluster (fake API server, operator, "
+      "local kubelet): see bench/README.md"};
+  app.add_option("--scopes", scopes, "restartScope values, comma-separated (Replica, Group)");
+  app.add_option("--faults", faults, "worker-kill, chief-kill, preempt (comma-separated)");
+  app.add_option("--preset", o.preset, "model preset");
+  app.add_option("--batch", o.batch, "micro-batch per replica")->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.seq, "sequence length")->check(CLI::PositiveNumber);
+  app.add_option("--save-every", o.save_every, "checkpoint every N steps")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lose-at", o.lose_at, "the fault comes once a survivor printed this step")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--operator-binary", o.operator_binary, "longhaul-operator")
+      ->check(CLI::ExistingFile);
+  app.add_option("--worker-dir", o.worker_dir, "folder holding longhaul-worker")
+      ->check(CLI::ExistingDirectory);
+  CLI11_PARSE(app, argc, argv);
+
+  const std::map<std::string, Fault> known = {
+      {"worker-kill", {"worker SIGKILL", false, false}},
+      {"chief-kill", {"chief SIGKILL", true, false}},
+      {"preempt", {"worker preempted (SIGTERM notice)", false, true}},
+  };
+  std::vector<Fault> chosen;
+  for (const std::string& f : split(faults)) {
+    auto it = known.find(f);
+    if (it == known.end()) {
+      std::fprintf(stderr, "--faults: unknown fault '%s' (worker-kill, chief-kill, preempt)\n",
+                   f.c_str());
+      return 2;
+    }
+    chosen.push_back(it->second);
+  }
+  for (const std::string& s : split(scopes)) {
+    if (s != "Replica" && s != "Group") {
+      std::fprintf(stderr, "--scopes: unknown restartScope '%s' (Replica, Group)\n", s.c_str());
+      return 2;
+    }
+  }
+
+  char tmpl[] = "/tmp/recovery_cluster_bench.XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  o.root = tmpl;
+  std::printf(
+      "== recovery on the local cluster: fake API server + longhaul-operator + local kubelet, "
+      "3 replicas (Chief + 2 Workers, one node each), %s, per replica batch %dx%d, checkpoint "
+      "every %d steps, fault after step %d, %ld CPUs\n",
+      o.preset.c_str(), o.batch, o.seq, o.save_every, o.lose_at, sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("%-8s %-34s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "scope", "fault", "fault_to",
+              "pod", "excl", "fault_to", "start_to", "steps", "pods", "ckpt", "step", "operator");
+  std::printf("%-8s %-34s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "", "", "step_s", "start_s",
+              "start_s", "pod_s", "join_s", "redone", "new", "read", "before->from", "recov_ms");
+  std::fflush(stdout);
+  int failures = 0;
+  {
+    Bench bench(o);
+    for (const std::string& scope : split(scopes)) {
+      for (const Fault& f : chosen) {
+        const Result r = bench.run(scope, f);
+        if (!r.ok) {
+          std::printf("%-8s %-34s FAILED: %s\n", r.scope.c_str(), r.fault.c_str(), r.why.c_str());
+          ++failures;
+          std::fflush(stdout);
+          continue;
+        }
+        const std::string steps = std::to_string(r.before) + "->" + std::to_string(r.resumed);
+        std::printf("%-8s %-34s %8.3f %8.3f %8.3f %8.3f %8.3f %7lld %6d %5s %11s %9s\n",
+                    r.scope.c_str(), r.fault.c_str(), r.fault_to_step, r.pod_start,
+                    r.fault_to_step - r.pod_start, r.fault_to_pod, r.start_to_join,
+                    static_cast<long long>(r.redone), r.recreated, r.ckpt_read ? "yes" : "no",
+                    steps.c_str(), r.operator_ms ? std::to_string(*r.operator_ms).c_str() : "-");
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (failures == 0)
+    fs::remove_all(o.root);
+  else
+    std::fprintf(stderr, "kept %s (logs/) for the failed scenarios\n", o.root.c_str());
+  return failures == 0 ? 0 : 1;
+}
