@@ -3,7 +3,8 @@
 # tables:
 #
 # 1. On the local cluster (build/<dir>/bench/recovery_cluster_bench, bench/recovery_cluster_bench.cc):
-#    the longhaul-operator binary against the fake API server, the local kubelet running the pods
+#    the longhaul-operator binary against the fake API server (--api real: a real kube-apiserver,
+#    etcd and controller manager from tests/envtest, LONGHAUL_KUBE_ASSETS), the local kubelet running the pods
 #    of a 3-replica TrainingJob as longhaul-worker processes; per restartScope (Replica: only the
 #    lost pod is re-created, the survivors regroup in place; Group: every pod is re-created and
 #    restores the latest checkpoint) and fault (worker SIGKILL, chief SIGKILL, worker preempted
@@ -13,8 +14,9 @@
 # 2. Processes only (no operator, no pods; the baseline): the same replicas started here with
 #    TF_CONFIG as pods get it, the lost one replaced at once with the same rank.
 #
-#   bench/recovery_bench.sh [--build-dir DIR] [--only cluster|processes] [--preset tiny]
-#                           [--batch 4] [--seq 64] [--save-every 50] [--lose-at 120]
+#   bench/recovery_bench.sh [--build-dir DIR] [--only cluster|processes] [--api fake|real]
+#                           [--preset tiny] [--batch 4] [--seq 64] [--save-every 50]
+#                           [--lose-at 120]
 #
 # Processes table: in place (supervisor.on_peer_loss: regroup, the default) with a worker
 # SIGKILLed, the chief SIGKILLed, a worker preempted (SIGTERM: it tells the others), each followed
@@ -27,18 +29,19 @@
 # build/bench-dist (Release). Results are recorded in bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="" only="" preset=tiny batch=4 seq=64 save_every=50 lose_at=120
+build="" only="" api=fake preset=tiny batch=4 seq=64 save_every=50 lose_at=120
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
+    --api) api="$2"; shift 2 ;;
     --preset) preset="$2"; shift 2 ;;
     --batch) batch="$2"; shift 2 ;;
     --seq) seq="$2"; shift 2 ;;
     --save-every) save_every="$2"; shift 2 ;;
     --lose-at) lose_at="$2"; shift 2 ;;
-    *) echo "usage: $0 [--build-dir DIR] [--only cluster|processes] [--preset P] [--batch B]" \
-            "[--seq T] [--save-every N] [--lose-at STEP]" >&2
+    *) echo "usage: $0 [--build-dir DIR] [--only cluster|processes] [--api fake|real]" \
+            "[--preset P] [--batch B] [--seq T] [--save-every N] [--lose-at STEP]" >&2
        exit 2 ;;
   esac
 done
@@ -54,7 +57,7 @@ cmake --build "$build" --target longhaul-worker longhaul-operator recovery_clust
   >/dev/null || { echo "$0: building in $build failed (run the cmake --build above to see why)" >&2
                   exit 1; }
 if [[ "$only" != processes ]]; then
-  "$build/bench/recovery_cluster_bench" --preset "$preset" --batch "$batch" --seq "$seq" \
+  "$build/bench/recovery_cluster_bench" --api "$api" --preset "$preset" --batch "$batch" --seq "$seq" \
     --save-every "$save_every" --lose-at "$lose_at"
   [[ "$only" == cluster ]] && exit 0
   echo

@@ -1,18 +1,21 @@
 // Recovery benchmark on the local cluster: a 3-replica TrainingJob (Chief + 2 Workers) run by the
-// longhaul-operator binary against the fake API server, its pods run as longhaul-worker processes
+// longhaul-operator binary against the fake API server (--api real: etcd + kube-apiserver +
+// kube-controller-manager of tests/envtest), its pods run as longhaul-worker processes
 // by the local kubelet (tests/kubelet), one replica lost per scenario, under restartScope Replica
 // (survivors regroup in place, supervisor.on_peer_loss regroup) and Group (every pod re-created,
 // on_peer_loss exit). bench/recovery_bench.sh builds and runs it; bench/README.md has the results.
 //
-//   build/<dir>/bench/recovery_cluster_bench [--scopes Replica,Group] [--faults ...]
+//   build/<dir>/bench/recovery_cluster_bench [--api fake|real] [--scopes Replica,Group] [--faults
+//   ...]
 //       [--preset tiny] [--batch 4] [--seq 64] [--save-every 50] [--lose-at 120]
 //
 // Faults: worker-kill (SIGKILL to the process group of the pod of rank 2: the container dies),
 // chief-kill (the same for the chief), preempt (the kubelet's preemption with notice:
 // DisruptionTarget, then SIGTERM, for the pod of rank 2). Everything is timed on this process's
 // steady clock by polling: every 10 ms the pods' log files (every incarnation of a pod is appended
-// to one file; log.every_steps 1), every 2 ms the API server's pods (a new uid: the pod was
-// re-created) and the kubelet (the new pod's process started). Reported per scenario:
+// to one file; log.every_steps 1), every 2 ms the pods seen by a watch (a new uid: the pod was
+// re-created; stamped when the watch delivered it) and the kubelet (the new pod's process started).
+// Reported per scenario:
 //   fault_to_step_s  fault -> the next step completed after the group resumed (a survivor's log;
 //                    for Group, the restarted chief's);
 //   pod_start_s      pod created -> its process started (on a real cluster: scheduling, image pull,
@@ -32,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -45,6 +49,11 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/e2e/local_cluster.h"
+#include "longhaul/kube/config.h"
+#include "longhaul/kube/informer.h"
+#ifdef LONGHAUL_BENCH_REAL
+#include "longhaul/envtest/control_plane.h"
+#endif
 
 namespace {
 
@@ -52,10 +61,11 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-constexpr const char* kJobs = "trainingjobs.longhaul.dev";
-constexpr const char* kNs = "default";
+namespace res = longhaul::kube::resources;
 
 struct Options {
+  std::string api = "fake";
+  std::string ns = "default";
   std::string preset = "tiny";
   int batch = 4, seq = 64, save_every = 50, lose_at = 120;
   fs::path operator_binary = LONGHAUL_OPERATOR_BINARY;
@@ -98,7 +108,7 @@ json job_manifest(const std::string& name, const std::string& scope, const Optio
       {"spec", {{"terminationGracePeriodSeconds", 30}, {"containers", {container}}}}};
   return {{"apiVersion", "longhaul.dev/v1alpha1"},
           {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}, {"namespace", kNs}}},
+          {"metadata", {{"name", name}, {"namespace", o.ns}}},
           {"spec",
            {{"successPolicy", "ChiefSucceeds"},
             {"logdir", {{"size", "1Gi"}, {"mountPath", "/logdir"}}},
@@ -115,12 +125,12 @@ class PodLogs {
     Clock::time_point seen;
     std::string pod, text;
   };
-  PodLogs(longhaul::kubelet::LocalKubelet& kubelet, std::vector<std::string> pods)
-      : kubelet_(kubelet), pods_(std::move(pods)) {}
+  PodLogs(longhaul::kubelet::LocalKubelet& kubelet, std::string ns, std::vector<std::string> pods)
+      : kubelet_(kubelet), ns_(std::move(ns)), pods_(std::move(pods)) {}
   void poll() {
     const auto now = Clock::now();
     for (const std::string& pod : pods_) {
-      std::ifstream in(kubelet_.log_path(kNs, pod), std::ios::binary);
+      std::ifstream in(kubelet_.log_path(ns_, pod), std::ios::binary);
       if (!in) continue;
       uint64_t& offset = offsets_[pod];
       in.seekg(0, std::ios::end);
@@ -140,6 +150,7 @@ class PodLogs {
 
  private:
   longhaul::kubelet::LocalKubelet& kubelet_;
+  std::string ns_;
   std::vector<std::string> pods_;
   std::map<std::string, uint64_t> offsets_;
   std::vector<Line> lines_;
@@ -176,6 +187,47 @@ struct Result {
   std::optional<int64_t> operator_ms;
 };
 
+// When each pod uid was first seen, from a watch (an informer) on the namespace's pods: the
+// pods' creation times on this process's clock, on either API server, without polling it.
+class PodCreations {
+ public:
+  PodCreations(std::shared_ptr<longhaul::kube::Client> client, const std::string& ns)
+      : informer_(std::move(client),
+                  longhaul::kube::InformerOptions{.resource = res::kPods, .ns = ns}) {
+    auto seen = [this](const json& pod) {
+      const json& meta = pod.at("metadata");
+      std::lock_guard lock(mu_);
+      const std::string uid = meta.value("uid", "");
+      if (!first_seen_.count(uid)) {
+        first_seen_[uid] = Clock::now();
+        uid_of_[meta.value("name", "")] = uid;
+      }
+    };
+    informer_.add_handlers({.on_add = seen,
+                            .on_update = [seen](const json&, const json& p) { seen(p); },
+                            .on_delete = {}});
+    informer_.start();
+    if (!informer_.wait_for_sync(60s)) {
+      throw longhaul::Unavailable("the pods of namespace " + ns +
+                                  " could not be listed within 60 s");
+    }
+  }
+  ~PodCreations() { informer_.stop(); }
+  // The newest uid seen for pod `name` and when it was first seen.
+  std::optional<std::pair<std::string, Clock::time_point>> latest(const std::string& name) const {
+    std::lock_guard lock(mu_);
+    auto it = uid_of_.find(name);
+    if (it == uid_of_.end()) return std::nullopt;
+    return std::make_pair(it->second, first_seen_.at(it->second));
+  }
+
+ private:
+  longhaul::kube::Informer informer_;
+  mutable std::mutex mu_;
+  std::map<std::string, Clock::time_point> first_seen_;  // guarded by mu_: uid -> first seen
+  std::map<std::string, std::string> uid_of_;            // guarded by mu_: pod name -> newest uid
+};
+
 class Bench {
  public:
   explicit Bench(Options o) : o_(std::move(o)) {
@@ -184,10 +236,42 @@ class Bench {
     co.operator_binary = o_.operator_binary;
     co.bin_dirs = {o_.worker_dir};
     co.nodes = {"local-node-0", "local-node-1", "local-node-2"};
+#ifdef LONGHAUL_BENCH_REAL
+    if (o_.api == "real") {
+      namespace envtest = longhaul::envtest;
+      std::string why;
+      const auto assets = envtest::find_assets(&why);
+      if (!assets) throw longhaul::FailedPrecondition("--api real: " + why);
+      envtest::ControlPlaneOptions po;
+      po.crds = envtest::project_crds();
+      plane_ = envtest::ControlPlane::start(*assets, po);
+      o_.ns = "recovery-bench";
+      plane_->ensure_namespace(o_.ns);
+      co.external_api = plane_->admin_config();
+      co.external_kubeconfig = plane_->admin_kubeconfig();
+      co.watch_namespace = o_.ns;
+    }
+#endif
     cluster_ = std::make_unique<longhaul::e2e::LocalCluster>(co);
     cluster_->start();
+    watch_client_ = o_.api == "real"
+#ifdef LONGHAUL_BENCH_REAL
+                        ? std::shared_ptr<longhaul::kube::Client>(plane_->admin_client())
+#else
+                        ? nullptr
+#endif
+                        : std::make_shared<longhaul::kube::HttpClient>(
+                              longhaul::kube::load_kubeconfig(cluster_->kubeconfig().string()));
+    creations_ = std::make_unique<PodCreations>(watch_client_, o_.ns);
   }
-  ~Bench() { cluster_->stop(); }
+  ~Bench() {
+    creations_.reset();
+    cluster_->stop();
+#ifdef LONGHAUL_BENCH_REAL
+    if (plane_) plane_->stop();
+#endif
+  }
+  const std::string& ns() const { return o_.ns; }
 
   Result run(const std::string& scope, const Fault& fault) {
     Result r;
@@ -201,9 +285,9 @@ class Bench {
     // is the one that restores.
     const std::string watch = scope == "Group" ? chief : (fault.chief ? pods[1] : chief);
     auto& kubelet = cluster_->kubelet();
-    auto& api = cluster_->api();
+    const std::string& ns = o_.ns;
     cluster_->apply(job_manifest(name, scope, o_));
-    PodLogs logs(kubelet, pods);
+    PodLogs logs(kubelet, ns, pods);
     auto last_step = [&](const std::string& pod) {
       int64_t step = -1;
       for (const auto& l : logs.lines()) {
@@ -225,13 +309,13 @@ class Bench {
     std::map<std::string, std::string> old_uid, new_uid;
     std::map<std::string, Clock::time_point> created, started;
     for (const std::string& p : pods) {
-      auto info = kubelet.pod(kNs, p);
+      auto info = kubelet.pod(ns, p);
       old_uid[p] = info ? info->uid : "";
     }
-    const auto victim_info = kubelet.pod(kNs, victim);
+    const auto victim_info = kubelet.pod(ns, victim);
     const auto fault_at = Clock::now();
     if (fault.notice) {
-      kubelet.preempt(kNs, victim);
+      kubelet.preempt(ns, victim);
     } else if (victim_info && victim_info->pid > 0) {
       ::kill(-victim_info->pid, SIGKILL);  // the pod's process group: the container dies
     }
@@ -239,23 +323,20 @@ class Bench {
 
     std::optional<Clock::time_point> resumed_at, next_step_at;
     deadline = Clock::now() + 300s;
-    // Pods and processes are checked every 2 ms (cheap: in-process reads), the log files every
-    // 10 ms.
+    // Pods (from the watch) and processes are checked every 2 ms, the log files every 10 ms.
     for (int tick = 0; !next_step_at && Clock::now() < deadline; ++tick) {
       std::this_thread::sleep_for(2ms);
       const auto now = Clock::now();
       for (const std::string& p : pods) {
         if (!created.count(p)) {
-          auto obj = api.try_get("pods", kNs, p);
-          const std::string uid =
-              obj ? obj->at("metadata").value("uid", std::string()) : std::string();
-          if (!uid.empty() && uid != old_uid[p]) {
-            created[p] = now;
-            new_uid[p] = uid;
+          auto latest = creations_->latest(p);
+          if (latest && latest->first != old_uid[p]) {
+            created[p] = latest->second;
+            new_uid[p] = latest->first;
           }
         }
         if (created.count(p) && !started.count(p)) {
-          auto info = kubelet.pod(kNs, p);
+          auto info = kubelet.pod(ns, p);
           if (info && info->uid == new_uid[p] && info->pid > 0) started[p] = now;
         }
       }
@@ -321,8 +402,11 @@ class Bench {
       // The operator writes its own measure once every replica is Running again.
       const auto until = Clock::now() + 10s;
       while (Clock::now() < until) {
-        auto obj = api.try_get(kJobs, kNs, name);
-        const json st = obj ? obj->value("status", json::object()) : json::object();
+        json st = json::object();
+        try {
+          st = cluster_->client().get(res::kTrainingJobs, ns, name).value("status", json::object());
+        } catch (const longhaul::kube::ApiError&) {
+        }
         if (st.value("recoveries", 0) >= 1 && st.value("recoveringSince", "").empty() &&
             st.contains("lastRecoveryMilliseconds")) {
           r.operator_ms = st["lastRecoveryMilliseconds"].get<int64_t>();
@@ -339,14 +423,14 @@ class Bench {
   // Deletes the job (its pods go with it) and waits until none of its processes runs.
   void finish(const std::string& name, const std::vector<std::string>& pods) {
     try {
-      cluster_->client().remove(longhaul::kube::resources::kTrainingJobs, kNs, name);
+      cluster_->client().remove(res::kTrainingJobs, o_.ns, name);
     } catch (const longhaul::Error& e) {
       std::fprintf(stderr, "deleting %s: %s\n", name.c_str(), e.what());
     }
     cluster_->kubelet().wait_for(
         [&] {
           for (const std::string& p : pods) {
-            auto info = cluster_->kubelet().pod(kNs, p);
+            auto info = cluster_->kubelet().pod(o_.ns, p);
             if (info && info->running) return false;
           }
           return true;
@@ -355,7 +439,12 @@ class Bench {
   }
 
   Options o_;
+#ifdef LONGHAUL_BENCH_REAL
+  std::unique_ptr<longhaul::envtest::ControlPlane> plane_;
+#endif
   std::unique_ptr<longhaul::e2e::LocalCluster> cluster_;
+  std::shared_ptr<longhaul::kube::Client> watch_client_;
+  std::unique_ptr<PodCreations> creations_;
   int jobs_ = 0;
 };
 
@@ -376,6 +465,10 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Recovery from a lost replica on the local cluster (fake API server, operator, "
       "local kubelet): see bench/README.md"};
+  app.add_option("--api", o.api,
+                 "fake (the in-process fake API server) or real (etcd + kube-apiserver + "
+                 "kube-controller-manager of tests/envtest, LONGHAUL_KUBE_ASSETS)")
+      ->check(CLI::IsMember({"fake", "real"}));
   app.add_option("--scopes", scopes, "restartScope values, comma-separated (Replica, Group)");
   app.add_option("--faults", faults, "worker-kill, chief-kill, preempt (comma-separated)");
   app.add_option("--preset", o.preset, "model preset");
@@ -390,6 +483,13 @@ int main(int argc, char** argv) {
   app.add_option("--worker-dir", o.worker_dir, "folder holding longhaul-worker")
       ->check(CLI::ExistingDirectory);
   CLI11_PARSE(app, argc, argv);
+#ifndef LONGHAUL_BENCH_REAL
+  if (o.api == "real") {
+    std::fprintf(stderr,
+                 "--api real: this build has no tests/envtest (configure with the tests on)\n");
+    return 2;
+  }
+#endif
 
   const std::map<std::string, Fault> known = {
       {"worker-kill", {"worker SIGKILL", false, false}},
@@ -420,17 +520,18 @@ int main(int argc, char** argv) {
   }
   o.root = tmpl;
   std::printf(
-      "== recovery on the local cluster: fake API server + longhaul-operator + local kubelet, "
+      "== recovery on the local cluster: %s API server + longhaul-operator + local kubelet, "
       "3 replicas (Chief + 2 Workers, one node each), %s, per replica batch %dx%d, checkpoint "
       "every %d steps, fault after step %d, %ld CPUs\n",
-      o.preset.c_str(), o.batch, o.seq, o.save_every, o.lose_at, sysconf(_SC_NPROCESSORS_ONLN));
+      o.api == "real" ? "real (envtest)" : "fake", o.preset.c_str(), o.batch, o.seq, o.save_every,
+      o.lose_at, sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("%-8s %-34s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "scope", "fault", "fault_to",
               "pod", "excl", "fault_to", "start_to", "steps", "pods", "ckpt", "step", "operator");
   std::printf("%-8s %-34s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "", "", "step_s", "start_s",
               "start_s", "pod_s", "join_s", "redone", "new", "read", "before->from", "recov_ms");
   std::fflush(stdout);
   int failures = 0;
-  {
+  try {
     Bench bench(o);
     for (const std::string& scope : split(scopes)) {
       for (const Fault& f : chosen) {
@@ -450,6 +551,9 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "recovery_cluster_bench: %s\n", e.what());
+    return 1;
   }
   if (failures == 0)
     fs::remove_all(o.root);
