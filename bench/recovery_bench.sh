@@ -2,12 +2,12 @@
 # Recovery from a lost replica: 3 data-parallel replicas, one is lost, the group goes on. Two
 # tables:
 #
-# 1. On the local cluster (build/<dir>/bench/recovery_cluster_bench, bench/recovery_cluster_bench.cc):
-#    the longhaul-operator binary against the fake API server (--api real: a real kube-apiserver,
-#    etcd and controller manager from tests/envtest, LONGHAUL_KUBE_ASSETS), the local kubelet running the pods
-#    of a 3-replica TrainingJob as longhaul-worker processes; per restartScope (Replica: only the
-#    lost pod is re-created, the survivors regroup in place; Group: every pod is re-created and
-#    restores the latest checkpoint) and fault (worker SIGKILL, chief SIGKILL, worker preempted
+# 1. On the local cluster (bench/recovery_cluster_bench.cc, built as recovery_cluster_bench): the
+#    longhaul-operator binary against the fake API server (--api real: a real kube-apiserver, etcd
+#    and controller manager from tests/envtest, LONGHAUL_KUBE_ASSETS), the local kubelet running
+#    the pods of a 3-replica TrainingJob as longhaul-worker processes; per restartScope
+#    (Replica: only the lost pod is re-created, the survivors regroup in place; Group: every pod
+#    is re-created and restores the latest checkpoint) and fault (worker SIGKILL, chief SIGKILL, worker preempted
 #    with notice): the time from the fault to the next completed step, the pod start reported
 #    separately (pod created -> process started) and subtracted, steps redone, pods re-created,
 #    whether a checkpoint was read, and the operator's own status.lastRecoveryMilliseconds.
@@ -57,8 +57,8 @@ cmake --build "$build" --target longhaul-worker longhaul-operator recovery_clust
   >/dev/null || { echo "$0: building in $build failed (run the cmake --build above to see why)" >&2
                   exit 1; }
 if [[ "$only" != processes ]]; then
-  "$build/bench/recovery_cluster_bench" --api "$api" --preset "$preset" --batch "$batch" --seq "$seq" \
-    --save-every "$save_every" --lose-at "$lose_at"
+  "$build/bench/recovery_cluster_bench" --api "$api" --preset "$preset" --batch "$batch" \
+    --seq "$seq" --save-every "$save_every" --lose-at "$lose_at"
   [[ "$only" == cluster ]] && exit 0
   echo
 fi
@@ -150,8 +150,9 @@ scenario() {  # scenario <name> <victim rank> <KILL|TERM> <regroup|exit>
     "$before->$resumed"
 }
 
-echo "== recovery, processes only (no operator, no pods): 3 replicas, $preset, per replica batch ${batch}x${seq}, checkpoint every" \
-  "$save_every steps, fault after step $lose_at, $(nproc) CPUs"
+echo "== recovery, processes only (no operator, no pods): 3 replicas, $preset, per replica" \
+  "batch ${batch}x${seq}, checkpoint every $save_every steps, fault after step $lose_at," \
+  "$(nproc) CPUs"
 printf "%-34s %14s %13s %12s %16s\n" scenario fault_to_step_s steps_redone ckpt_read \
   "step_before->from"
 scenario worker-kill 2 KILL regroup "in place: worker SIGKILL"
