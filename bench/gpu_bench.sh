@@ -126,7 +126,7 @@ else
   printf '%s\n' "$ROOT"/worker/kernels/cuda/*.cu \
     "$ROOT"/base/error.cc "$ROOT"/base/log.cc "${MODEL_SOURCES[@]}" \
     "$ROOT"/worker/kernels/cuda/check.cc "$ROOT"/worker/kernels/cuda/matmul.cc \
-    "$ROOT"/worker/backend_cuda/gpt2_cuda.cc "$ROOT"/worker/backend_cuda/state_transfer.cc \
+    "$ROOT"/worker/backend_cuda/gpt2_cuda.cc \
     "$ROOT"/bench/gpu_train_bench.cc |
     xargs -P "$JOBS" -I{} bash -c 'compile_one "$1"' _ {}
   g++ -o "$OBJ/longhaul_gpu_bench" "$OBJ"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" \

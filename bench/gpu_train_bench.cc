@@ -250,7 +250,7 @@ int run(const Args& args) {
   std::vector<longhaul::model::NamedTensor> tensors = model->named_parameters();
   for (const auto& t : model->named_optimizer_state()) tensors.push_back(t);
   std::vector<std::vector<std::byte>> buffers;
-  std::vector<backend::HostCopy> copies;
+  std::vector<longhaul::model::HostCopy> copies;
   size_t snapshot_bytes = 0;
   for (const auto& t : tensors) {
     buffers.emplace_back(static_cast<size_t>(t.numel()) * sizeof(float));
@@ -261,7 +261,6 @@ int run(const Args& args) {
   for (double& ms : stall_ms) {
     const Clock::time_point s = Clock::now();
     model->snapshot_to_host(copies);
-    model->wait_snapshot();
     ms = elapsed_ms(s);
   }
 

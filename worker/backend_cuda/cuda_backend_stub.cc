@@ -19,7 +19,8 @@ bool cuda_available(std::string* why) {
   return false;
 }
 
-std::unique_ptr<CudaModel> make_cuda_gpt2(const model::GPT2Config&, int, int, const CudaOptions&) {
+std::unique_ptr<model::LanguageModel> make_cuda_gpt2(const model::GPT2Config&, int, int,
+                                                     const CudaOptions&) {
   throw Unavailable(std::string("cannot create the CUDA model: ") + kNotBuilt +
                     "; use device: cpu, or rebuild with the CUDA toolkit installed");
 }

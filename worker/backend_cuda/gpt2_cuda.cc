@@ -285,7 +285,7 @@ Shape make_shape(const GPT2Config& config, int max_B, int max_T, const CudaOptio
   return s;
 }
 
-class GPT2Cuda final : public CudaModel {
+class GPT2Cuda final : public model::LanguageModel {
  public:
   GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOptions& options);
   ~GPT2Cuda() override;
@@ -322,13 +322,7 @@ class GPT2Cuda final : public CudaModel {
 
   void download(std::span<const float> device_src, std::span<float> host_dst) override;
   void upload(std::span<const float> host_src, std::span<float> device_dst) override;
-  void snapshot_to_host(std::span<const HostCopy> copies) override;
-  void wait_snapshot() override;
-
- protected:
-  void upload_parameter(const NamedTensor& dst, std::span<const float> src) override {
-    upload(src, std::span<float>(dst.data, static_cast<size_t>(dst.numel())));
-  }
+  void snapshot_to_host(std::span<const model::HostCopy> copies) override;
 
  private:
   const TensorLayout& block_tensor(int layer, BlockTensor index) const {
@@ -352,7 +346,10 @@ class GPT2Cuda final : public CudaModel {
   void refresh_working_copy(size_t begin, size_t end);
   // Which flat buffer a device span lies in (nullptr when none).
   const float* owning_buffer(const float* p, size_t n) const;
-  void wait_for_snapshot_on_device();
+  // The two halves of snapshot_to_host: queue the device-to-host copies into the staging buffer,
+  // then copy each group on to the caller's buffers as it arrives.
+  void enqueue_snapshot(std::span<const model::HostCopy> copies);
+  void copy_out_snapshot();
   // Makes this model's GPU current on the calling thread (the CUDA device is per-thread state;
   // the model may be built on one thread and trained on another).
   void activate() const { LH_CUDA_CHECK(cudaSetDevice(options_.device)); }
@@ -372,15 +369,13 @@ class GPT2Cuda final : public CudaModel {
   cudaStream_t stream_ = nullptr;
   cudaStream_t snapshot_stream_ = nullptr;
   cudaEvent_t step_boundary_ = nullptr;
-  cudaEvent_t snapshot_done_ = nullptr;
-  bool snapshot_pending_ = false;
   std::byte* device_memory_ = nullptr;
   int32_t* host_tokens_ = nullptr;  // pinned: inputs, targets, unique, offsets, positions
   float* host_scalar_ = nullptr;    // pinned (2)
   std::unique_ptr<k::Matmul> matmul_;
   Buffers buf_;
   // Snapshot staging: pinned host memory the device-to-host copies land in, then the host copy
-  // plan run by wait_snapshot(). One event per group of copies (see kSnapshotGroupBytes).
+  // plan run by copy_out_snapshot(). One event per group of copies (see kSnapshotGroupBytes).
   struct PendingCopy {
     size_t staging_offset;
     std::span<std::byte> host_dst;
@@ -408,7 +403,6 @@ GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOpt
     LH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LH_CUDA_CHECK(cudaStreamCreateWithFlags(&snapshot_stream_, cudaStreamNonBlocking));
     LH_CUDA_CHECK(cudaEventCreateWithFlags(&step_boundary_, cudaEventDisableTiming));
-    LH_CUDA_CHECK(cudaEventCreateWithFlags(&snapshot_done_, cudaEventDisableTiming));
     Carver measure(nullptr);
     carve(measure, buf_, shape_, num_params_, chunks.size(), options_.recompute_gelu);
     LH_CUDA_CHECK(cudaMalloc(&device_memory_, measure.used()));
@@ -447,14 +441,13 @@ void GPT2Cuda::release() noexcept {
   if (host_scalar_ != nullptr) cudaFreeHost(host_scalar_);
   if (host_tokens_ != nullptr) cudaFreeHost(host_tokens_);
   if (device_memory_ != nullptr) cudaFree(device_memory_);
-  if (snapshot_done_ != nullptr) cudaEventDestroy(snapshot_done_);
   if (step_boundary_ != nullptr) cudaEventDestroy(step_boundary_);
   if (snapshot_stream_ != nullptr) cudaStreamDestroy(snapshot_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   host_scalar_ = nullptr;
   host_tokens_ = nullptr;
   device_memory_ = nullptr;
-  snapshot_done_ = step_boundary_ = nullptr;
+  step_boundary_ = nullptr;
   snapshot_stream_ = stream_ = nullptr;
   (void)cudaGetLastError();
 }
@@ -463,7 +456,6 @@ void GPT2Cuda::init_weights(uint64_t seed) {
   activate();
   std::vector<float> host(num_params_);
   layout_.init_weights(seed, host);
-  wait_for_snapshot_on_device();
   const size_t bytes = num_params_ * sizeof(float);
   LH_CUDA_CHECK(cudaMemcpyAsync(buf_.master, host.data(), bytes, cudaMemcpyHostToDevice, stream_));
   LH_CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, bytes, stream_));
@@ -691,7 +683,6 @@ void GPT2Cuda::optimizer_step(const model::AdamWOptions& options, float lr, floa
   hyper.seed = static_cast<uint32_t>((seed_ * 0x9E3779B97F4A7C15ull) ^
                                      (static_cast<uint64_t>(step_) * 0xBF58476D1CE4E5B9ull) ^
                                      (static_cast<uint64_t>(step_) >> 32));
-  wait_for_snapshot_on_device();
   k::adamw_update_chunks(buf_.params, buf_.master, buf_.grads, buf_.m, buf_.v, buf_.chunks,
                          num_chunks_, hyper, stream_);
 }
@@ -728,7 +719,6 @@ void GPT2Cuda::upload(std::span<const float> host_src, std::span<float> device_d
         "(got " +
         std::to_string(host_src.size()) + " and " + std::to_string(device_dst.size()) + " floats)");
   }
-  wait_for_snapshot_on_device();
   LH_CUDA_CHECK(cudaMemcpyAsync(device_dst.data(), host_src.data(), host_src.size_bytes(),
                                 cudaMemcpyHostToDevice, stream_));
   if (base == buf_.master) {
@@ -738,23 +728,30 @@ void GPT2Cuda::upload(std::span<const float> host_src, std::span<float> device_d
   LH_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void GPT2Cuda::wait_for_snapshot_on_device() {
-  if (snapshot_pending_) LH_CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_, 0));
-}
-
-void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
+void GPT2Cuda::snapshot_to_host(std::span<const model::HostCopy> copies) {
   activate();
-  wait_snapshot();  // never two snapshots in flight
-  size_t total = 0;
-  for (const HostCopy& c : copies) {
-    if (c.device_src == nullptr || c.host_dst.size() % sizeof(float) != 0 ||
-        owning_buffer(c.device_src, c.host_dst.size() / sizeof(float)) == nullptr) {
+  for (const model::HostCopy& c : copies) {
+    if (c.model_src == nullptr || c.host_dst.size() % sizeof(float) != 0 ||
+        owning_buffer(c.model_src, c.host_dst.size() / sizeof(float)) == nullptr) {
       throw InvalidArgument(
           "CUDA model snapshot: each copy must read a span of the model's "
           "buffers into a host buffer of a whole number of floats");
     }
-    total += c.host_dst.size();
   }
+  try {
+    enqueue_snapshot(copies);
+    copy_out_snapshot();
+  } catch (...) {
+    // Nothing may still be writing the staging buffer or reading the model when this returns.
+    cudaStreamSynchronize(snapshot_stream_);
+    pending_copies_.clear();
+    throw;
+  }
+}
+
+void GPT2Cuda::enqueue_snapshot(std::span<const model::HostCopy> copies) {
+  size_t total = 0;
+  for (const model::HostCopy& c : copies) total += c.host_dst.size();
   if (total > staging_bytes_) {
     // Grown once to the size of a full snapshot, then reused.
     if (staging_ != nullptr) LH_CUDA_CHECK(cudaFreeHost(staging_));
@@ -777,9 +774,9 @@ void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
     ++group;
     group_bytes = 0;
   };
-  for (const HostCopy& c : copies) {
+  for (const model::HostCopy& c : copies) {
     if (c.host_dst.empty()) continue;
-    LH_CUDA_CHECK(cudaMemcpyAsync(staging_ + offset, c.device_src, c.host_dst.size(),
+    LH_CUDA_CHECK(cudaMemcpyAsync(staging_ + offset, c.model_src, c.host_dst.size(),
                                   cudaMemcpyDeviceToHost, snapshot_stream_));
     pending_copies_.push_back(PendingCopy{offset, c.host_dst, group});
     offset += c.host_dst.size();
@@ -788,14 +785,10 @@ void GPT2Cuda::snapshot_to_host(std::span<const HostCopy> copies) {
   }
   if (group_bytes > 0 || group == 0) close_group();
   pending_groups_ = group;
-  LH_CUDA_CHECK(cudaEventRecord(snapshot_done_, snapshot_stream_));
-  snapshot_pending_ = true;
 }
 
-void GPT2Cuda::wait_snapshot() {
-  activate();
-  if (!snapshot_pending_) return;
-  // Copy each group out of the staging buffer as soon as its transfers are done, spreading the
+void GPT2Cuda::copy_out_snapshot() {  // Copy each group out of the staging buffer as soon as its
+                                      // transfers are done, spreading the
   // group's bytes over a few threads (a single thread copies ~5-10 GB/s, PCIe delivers ~25).
   for (size_t group = 0; group < pending_groups_; ++group) {
     LH_CUDA_CHECK(cudaEventSynchronize(group_events_[group]));
@@ -826,17 +819,16 @@ void GPT2Cuda::wait_snapshot() {
     for (size_t t = threads.size() + 1; t <= helpers; ++t) work(t, stride);
     for (std::thread& thread : threads) thread.join();
   }
-  LH_CUDA_CHECK(cudaEventSynchronize(snapshot_done_));
+  // The last group's event follows every copy on the side stream: all of them are complete.
   pending_copies_.clear();
-  snapshot_pending_ = false;
 }
 
 }  // namespace
 
 bool cuda_available(std::string* why) { return k::kernels_runnable(why); }
 
-std::unique_ptr<CudaModel> make_cuda_gpt2(const GPT2Config& config, int max_batch_size,
-                                          int max_seq_len, const CudaOptions& options) {
+std::unique_ptr<model::LanguageModel> make_cuda_gpt2(const GPT2Config& config, int max_batch_size,
+                                                     int max_seq_len, const CudaOptions& options) {
   validate_for_cuda(config, max_batch_size, max_seq_len, options);
   std::string why;
   if (!cuda_available(&why)) {

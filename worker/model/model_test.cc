@@ -4,10 +4,12 @@
 // learning-rate schedule and pre-trained loading.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -403,6 +405,46 @@ TEST(CpuGPT2, WeightDecayAppliesOnlyToMatrices) {
   model->set_optimizer_step_count(41);
   EXPECT_EQ(model->optimizer_step_count(), 41);
   EXPECT_THROW(model->set_optimizer_step_count(-1), InvalidArgument);
+}
+
+// The state transfers of language_model.h with their host defaults (memcpy): what the trainer's
+// checkpoint and restore paths and the data-parallel state broadcast use on every backend.
+TEST(CpuGPT2, HostTransfersMoveStateAndRefuseSpansOutsideTheModel) {
+  auto model = make_cpu_gpt2(micro_config(), 1, 8);
+  model->init_weights(5);
+  const std::span<float> params = model->parameters_flat();
+  std::vector<float> host(params.size());
+  model->download(params, host);
+  EXPECT_EQ(host, copy_of(params));
+
+  for (float& x : host) x += 1.0f;
+  model->upload(host, params);
+  EXPECT_EQ(copy_of(params), host);
+
+  // A snapshot of one parameter and one moment into byte buffers, as the supervisor holds them.
+  const NamedTensor wpe = model->named_parameters()[1];
+  const NamedTensor exp_avg_sq = model->named_optimizer_state().back();
+  std::fill_n(exp_avg_sq.data, exp_avg_sq.numel(), 0.25f);
+  std::vector<std::byte> wpe_bytes(static_cast<size_t>(wpe.numel()) * sizeof(float));
+  std::vector<std::byte> moment_bytes(static_cast<size_t>(exp_avg_sq.numel()) * sizeof(float));
+  const std::vector<HostCopy> copies = {{wpe.data, wpe_bytes}, {exp_avg_sq.data, moment_bytes}};
+  model->snapshot_to_host(copies);
+  EXPECT_EQ(0, std::memcmp(wpe_bytes.data(), wpe.data, wpe_bytes.size()));
+  EXPECT_EQ(0, std::memcmp(moment_bytes.data(), exp_avg_sq.data, moment_bytes.size()));
+
+  // Sizes must match, and the model side must be the model's memory (as on a device backend,
+  // where a host pointer would be a crash): refused with InvalidArgument, nothing copied.
+  std::vector<float> too_small(3);
+  EXPECT_THROW(model->download(params, too_small), InvalidArgument);
+  std::vector<float> elsewhere(4, 7.0f), out(4, 0.0f);
+  EXPECT_THROW(model->download(elsewhere, out), InvalidArgument);
+  EXPECT_THROW(model->upload(out, elsewhere), InvalidArgument);
+  EXPECT_EQ(elsewhere, std::vector<float>(4, 7.0f));
+  const std::span<const float> past_the_end(params.data() + 1, params.size());
+  EXPECT_THROW(model->download(past_the_end, host), InvalidArgument);
+  const std::vector<HostCopy> stray = {{elsewhere.data(), std::as_writable_bytes(std::span(out))}};
+  EXPECT_THROW(model->snapshot_to_host(stray), InvalidArgument);
+  EXPECT_EQ(out, std::vector<float>(4, 0.0f));
 }
 
 TEST(LearningRateSchedule, WarmupThenCosineToMin) {

@@ -1,5 +1,5 @@
 // LanguageModel::load_pretrained and the in-memory reader: name resolution and shape checks
-// shared by every backend (backends only provide upload_parameter).
+// shared by every backend (a backend only provides upload).
 #include "longhaul/model/pretrained.h"
 
 #include <cstring>
@@ -73,10 +73,6 @@ void InMemoryTensorReader::read(std::string_view name, std::span<float> out) con
   std::memcpy(out.data(), it->second.values.data(), out.size() * sizeof(float));
 }
 
-void LanguageModel::upload_parameter(const NamedTensor& dst, std::span<const float> src) {
-  std::memcpy(dst.data, src.data(), src.size() * sizeof(float));
-}
-
 PretrainedLoadReport LanguageModel::load_pretrained(const PretrainedTensorReader& reader,
                                                     const PretrainedLoadOptions& options) {
   const std::vector<NamedTensor> params = named_parameters();
@@ -129,7 +125,7 @@ PretrainedLoadReport LanguageModel::load_pretrained(const PretrainedTensorReader
     const NamedTensor& param = params[param_index];
     buffer.resize(static_cast<size_t>(param.numel()));
     reader.read(source, buffer);
-    upload_parameter(param, buffer);
+    upload(buffer, std::span<float>(param.data, buffer.size()));
     report.loaded.push_back(param.name);
   }
   return report;

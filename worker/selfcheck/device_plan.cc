@@ -37,7 +37,7 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 
 std::vector<float> parameters(model::LanguageModel& m) {
   std::vector<float> host(static_cast<size_t>(m.num_parameters()));
-  backend_cuda::copy_to_host(m, m.parameters_flat(), host);
+  m.download(m.parameters_flat(), host);
   return host;
 }
 
@@ -59,7 +59,7 @@ std::string epilogue_name(const CudaOptions& o) {
 
 ModelFactory cuda_factory() {
   return [](const model::GPT2Config& c, int B, int T, const CudaOptions& o) {
-    return std::unique_ptr<model::LanguageModel>(backend_cuda::make_cuda_gpt2(c, B, T, o));
+    return backend_cuda::make_cuda_gpt2(c, B, T, o);
   };
 }
 

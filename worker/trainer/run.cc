@@ -12,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/backend_cuda/device_info.h"
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
@@ -378,7 +377,7 @@ RunResult run_training(const RunOptions& options) {
         auto& model = trainer.model();
         const auto& mc = model.config();
         std::vector<float> params(static_cast<size_t>(model.num_parameters()));
-        backend_cuda::copy_to_host(model, model.parameters_flat(), params);
+        model.download(model.parameters_flat(), params);
         GenerateOptions go;
         go.prompt = config.eval.sample_prompt;
         go.max_new_tokens = static_cast<int>(config.eval.sample_tokens);

@@ -360,7 +360,7 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
         std::memcpy(staging.data(), bytes.data(), bytes.size());
         host = staging;
       }
-      backend_cuda::copy_from_host(*model_, host, {slot.data, n});  // memcpy on CPU
+      model_->upload(host, {slot.data, n});
     }
   } catch (const Error& e) {  // same kind (DataLoss, FailedPrecondition, ...), file named
     throw_error(e.code(), "cannot restore from " + ckpt.path() + ": " + e.what());
@@ -379,13 +379,12 @@ void Trainer::restore(const supervisor::TensorSource& ckpt) {
 void Trainer::snapshot(supervisor::Snapshot& out) {
   out.reshape(specs_);
   // One step-consistent copy of every tensor (device-to-host on CUDA, memcpy on CPU).
-  std::vector<backend_cuda::HostCopy> copies;
+  std::vector<model::HostCopy> copies;
   copies.reserve(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
     copies.push_back({slots_[i].data, out.buffers[i]});
   }
-  backend_cuda::start_snapshot(*model_, copies);
-  backend_cuda::finish_snapshot(*model_);
+  model_->snapshot_to_host(copies);
   const int64_t step = global_step();
   out.step = step;
   out.metadata["step"] = std::to_string(step);
@@ -469,8 +468,7 @@ StepStats Trainer::train_step() {
     stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
     if (inject_nan_at_step_ == step + 1) {
       const float nan = std::numeric_limits<float>::quiet_NaN();
-      backend_cuda::copy_from_host(*model_, std::span<const float>(&nan, 1),
-                                   model_->gradients_flat().subspan(0, 1));
+      model_->upload(std::span<const float>(&nan, 1), model_->gradients_flat().subspan(0, 1));
     }
     // Data-parallel replicas average gradients here (longhaul/dist), so the norm, clipping and
     // the optimizer step are identical on every replica.

@@ -1,6 +1,8 @@
 // The interface every training backend implements (CPU in worker/model, CUDA in
 // worker/backend_cuda), so the trainer, the checkpointing glue and data-parallel gradient averaging
-// are written once.
+// are written once. Moving state between host memory and the model (download, upload,
+// snapshot_to_host) is part of the interface: host backends keep the defaults (memcpy), device
+// backends override them, and callers never need to know which one they hold.
 //
 // Memory contract: parameters, gradients and the two AdamW moments each live in one flat,
 // contiguous fp32 buffer (llm.c style), laid out tensor after tensor in named_parameters()
@@ -49,6 +51,13 @@ struct NamedTensor {
   float* data = nullptr;       // into the flat buffer, backend memory space
 
   int64_t numel() const;
+};
+
+// One copy of a snapshot: `model_src` is a NamedTensor::data of the model (parameters or
+// optimizer state, backend memory space), `host_dst` receives exactly numel * 4 bytes.
+struct HostCopy {
+  const float* model_src = nullptr;
+  std::span<std::byte> host_dst;
 };
 
 // AdamW hyper-parameters (learning rate and clipping scale are per step arguments). The
@@ -104,6 +113,24 @@ class LanguageModel {
   virtual int64_t optimizer_step_count() const = 0;
   virtual void set_optimizer_step_count(int64_t steps) = 0;  // for restore
 
+  // --- Moving state between host memory and the model (synchronous) ---
+  //
+  // `model_span` / `model_src` must lie in the model's own buffers (parameters_flat(),
+  // gradients_flat() or a NamedTensor's data) and the host side must have the same size, else
+  // InvalidArgument. The defaults are host memcpys (a host backend's buffers are host memory);
+  // a device backend overrides all three.
+  //
+  // Copies model memory into host memory.
+  virtual void download(std::span<const float> model_span, std::span<float> host);
+  // Copies host memory into the model. A backend that keeps a derived copy of the parameters
+  // (CUDA: the bf16 working copy) refreshes it, so a restore is: upload every parameter and
+  // moment, then set_optimizer_step_count().
+  virtual void upload(std::span<const float> host, std::span<float> model_span);
+  // A step-consistent checkpoint snapshot, called at a step boundary: every copy holds the state
+  // after all work issued so far (the last optimizer step) when this returns. The caller's
+  // buffers may be any host memory (the supervisor's Snapshot vectors).
+  virtual void snapshot_to_host(std::span<const HostCopy> copies);
+
   // Fills parameters from a pre-trained tensor set (see pretrained.h for name resolution).
   PretrainedLoadReport load_pretrained(const PretrainedTensorReader& reader,
                                        const PretrainedLoadOptions& options = {});
@@ -140,14 +167,14 @@ class LanguageModel {
   // / max_seq_len(), every token id in [0, vocab_size)); InvalidArgument naming the value.
   void check_batch(const int32_t* inputs, const int32_t* targets, int B, int T) const;
 
+  // Whether [p, p + n) lies inside one of the four flat buffers (parameters, gradients, exp_avg,
+  // exp_avg_sq), located through the public accessors; the host transfers' argument check.
+  bool in_model_buffers(const float* p, size_t n);
+
   // For backends that report: invokes the callback (if set) for [begin, end).
   void report_gradients_ready(size_t begin, size_t end) {
     if (gradient_ready_callback_) gradient_ready_callback_(begin, end);
   }
-
-  // Copies host fp32 values into one parameter (src.size() == dst.numel()). The default is a
-  // host memcpy; device backends override it.
-  virtual void upload_parameter(const NamedTensor& dst, std::span<const float> src);
 
  private:
   GradientReadyCallback gradient_ready_callback_;  // empty: notifications off

@@ -176,7 +176,7 @@ class Trainer : public supervisor::TrainingState {
  private:
   struct Slot {
     supervisor::TensorSpec spec;
-    float* data;  // the model's memory (device memory on CUDA): moved with backend_cuda copies
+    float* data;  // the model's memory (device memory on CUDA): moved with upload/snapshot
   };
 
   WorkerConfig config_;
