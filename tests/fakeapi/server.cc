@@ -13,7 +13,7 @@
 #include <longhaul/base/file.h>
 #include <longhaul/base/log.h>
 
-#include "http_server.h"
+#include "longhaul/base/http_connection.h"
 #include "store.h"
 #include "tls.h"
 
@@ -134,7 +134,7 @@ struct FakeApiServer::Impl {
   Store store;
   std::unique_ptr<TlsContext> tls;
   std::filesystem::path owned_tls_dir;  // removed in the destructor when we created it
-  std::unique_ptr<http::Server> http;
+  std::unique_ptr<http::ConnectionServer> http;
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> watch_drop_interval_ms{0};
   std::atomic<size_t> in_flight{0};
@@ -786,11 +786,14 @@ void FakeApiServer::start() {
     impl_->tls = TlsContext::create(dir, impl_->options.bind_address);
   }
   impl_->stopping = false;
-  impl_->http = std::make_unique<http::Server>(
+  http::ConnectionServer::TransportFactory transport;
+  if (impl_->tls) transport = [tls = impl_->tls.get()] { return tls->transport(); };
+  impl_->http = std::make_unique<http::ConnectionServer>(
+      "fake API server",
       [this](const http::Request& request, http::Connection& connection) {
         impl_->handle(request, connection);
       },
-      impl_->tls ? impl_->tls->ctx() : nullptr);
+      std::move(transport), "choose another --port (0 picks a free one)");
   impl_->http->start(impl_->options.bind_address, impl_->options.port);
   LH_LOG(DEBUG) << "fake API server listening" << kv("url", url());
 }

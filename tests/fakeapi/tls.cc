@@ -1,5 +1,7 @@
 #include "tls.h"
 
+#include <algorithm>
+
 #include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -132,6 +134,105 @@ std::unique_ptr<TlsContext> TlsContext::create(const std::filesystem::path& dir,
     openssl_failure("loading the server certificate");
   }
   return tls;
+}
+
+namespace {
+
+// One connection's TLS over memory BIOs: the socket is read and written by this class, so
+// every write goes through send(MSG_NOSIGNAL).
+class TlsTransport : public http::Transport {
+ public:
+  explicit TlsTransport(SSL_CTX* ctx) : ssl_(SSL_new(ctx)) {}
+  ~TlsTransport() override {
+    if (ssl_ != nullptr) SSL_free(ssl_);
+  }
+
+  bool handshake(int fd) override {
+    if (ssl_ == nullptr) return false;
+    SSL_set_bio(ssl_, BIO_new(BIO_s_mem()), BIO_new(BIO_s_mem()));
+    SSL_set_accept_state(ssl_);
+    for (;;) {
+      int r = SSL_do_handshake(ssl_);
+      if (!flush(fd)) return false;
+      if (r == 1) return true;
+      if (SSL_get_error(ssl_, r) != SSL_ERROR_WANT_READ) {
+        ERR_clear_error();
+        return false;
+      }
+      if (!receive(fd)) return false;
+    }
+  }
+
+  ReadStatus read(int fd, std::string& in) override {
+    // Records that arrived together with earlier ones (e.g. a request right behind the
+    // handshake) are already in the read BIO: decrypt those before waiting on the socket.
+    if (BIO_ctrl_pending(SSL_get_rbio(ssl_)) > 0) {
+      ReadStatus status = drain(fd, in);
+      if (status != ReadStatus::kNoData) return status;
+    }
+    if (!receive(fd)) return ReadStatus::kEof;
+    return drain(fd, in);
+  }
+
+  bool write(int fd, std::string_view data) override {
+    while (!data.empty()) {
+      int n =
+          SSL_write(ssl_, data.data(), static_cast<int>(std::min<size_t>(data.size(), 1 << 20)));
+      if (n <= 0) return false;
+      data.remove_prefix(static_cast<size_t>(n));
+      if (!flush(fd)) return false;
+    }
+    return true;
+  }
+
+ private:
+  // Blocks for the next bytes from the socket and hands them to the read BIO; false on EOF.
+  bool receive(int fd) {
+    std::string raw;
+    if (http::Transport::read(fd, raw) != ReadStatus::kData) return false;
+    BIO_write(SSL_get_rbio(ssl_), raw.data(), static_cast<int>(raw.size()));
+    return true;
+  }
+
+  // Sends what the write BIO holds.
+  bool flush(int fd) {
+    BIO* wbio = SSL_get_wbio(ssl_);
+    char buf[16384];
+    while (BIO_ctrl_pending(wbio) > 0) {
+      int n = BIO_read(wbio, buf, sizeof(buf));
+      if (n <= 0) break;
+      if (!http::send_all(fd, std::string_view(buf, static_cast<size_t>(n)))) return false;
+    }
+    return true;
+  }
+
+  // Decrypts what the read BIO holds into `in`.
+  ReadStatus drain(int fd, std::string& in) {
+    char buf[16384];
+    bool got = false;
+    for (;;) {
+      int m = SSL_read(ssl_, buf, sizeof(buf));
+      if (m > 0) {
+        in.append(buf, static_cast<size_t>(m));
+        got = true;
+        continue;
+      }
+      int err = SSL_get_error(ssl_, m);
+      if (!flush(fd)) return ReadStatus::kEof;  // e.g. a key update answer
+      if (err == SSL_ERROR_WANT_READ) break;
+      ERR_clear_error();
+      return got ? ReadStatus::kData : ReadStatus::kEof;  // close_notify or a protocol error
+    }
+    return got ? ReadStatus::kData : ReadStatus::kNoData;
+  }
+
+  SSL* ssl_;
+};
+
+}  // namespace
+
+std::unique_ptr<http::Transport> TlsContext::transport() const {
+  return std::make_unique<TlsTransport>(ctx_);
 }
 
 TlsContext::~TlsContext() {

@@ -1,22 +1,23 @@
-#include "http_server.h"
+// The thread-per-connection HTTP/1.1 server (see http_connection.h).
+#include "longhaul/base/http_connection.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/err.h>
-#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <longhaul/base/error.h>
-#include <longhaul/base/log.h>
-#include <longhaul/base/strings.h>
+#include "longhaul/base/error.h"
+#include "longhaul/base/log.h"
+#include "longhaul/base/strings.h"
 
-namespace longhaul::fakeapi::http {
+namespace longhaul::http {
 namespace {
 
 constexpr size_t kMaxHeaderBytes = 1 << 20;
@@ -112,19 +113,11 @@ std::string reason_phrase(int status) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Connection
-
-Connection::~Connection() {
-  if (ssl_ != nullptr) SSL_free(ssl_);
-}
-
-bool Connection::send_raw(std::string_view data) {
+bool send_all(int fd, std::string_view data) {
   while (!data.empty()) {
-    ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      broken_ = true;
       return false;
     }
     data.remove_prefix(static_cast<size_t>(n));
@@ -132,101 +125,50 @@ bool Connection::send_raw(std::string_view data) {
   return true;
 }
 
-bool Connection::flush_tls() {
-  BIO* wbio = SSL_get_wbio(ssl_);
-  char buf[16384];
-  while (BIO_ctrl_pending(wbio) > 0) {
-    int n = BIO_read(wbio, buf, sizeof(buf));
-    if (n <= 0) break;
-    if (!send_raw(std::string_view(buf, static_cast<size_t>(n)))) return false;
-  }
-  return true;
-}
+// ---------------------------------------------------------------------------------------------
+// Transport: the socket itself
 
-bool Connection::send_bytes(std::string_view data) {
-  if (broken_) return false;
-  if (ssl_ == nullptr) return send_raw(data);
-  while (!data.empty()) {
-    int n = SSL_write(ssl_, data.data(), static_cast<int>(std::min<size_t>(data.size(), 1 << 20)));
-    if (n <= 0) {
-      broken_ = true;
-      return false;
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-    if (!flush_tls()) return false;
-  }
-  return true;
-}
+bool Transport::handshake(int) { return true; }
 
-Connection::ReadStatus Connection::drain_tls() {
-  char buf[16384];
-  bool got = false;
-  for (;;) {
-    int m = SSL_read(ssl_, buf, sizeof(buf));
-    if (m > 0) {
-      in_.append(buf, static_cast<size_t>(m));
-      got = true;
-      continue;
-    }
-    int err = SSL_get_error(ssl_, m);
-    if (!flush_tls()) return ReadStatus::kEof;  // e.g. a key update answer
-    if (err == SSL_ERROR_WANT_READ) break;
-    ERR_clear_error();
-    return got ? ReadStatus::kData : ReadStatus::kEof;  // close_notify or a protocol error
-  }
-  return got ? ReadStatus::kData : ReadStatus::kNoData;
-}
-
-Connection::ReadStatus Connection::read_once() {
-  // Records that arrived together with earlier ones (e.g. a request right behind the handshake)
-  // are already in the read BIO: decrypt those before waiting on the socket.
-  if (ssl_ != nullptr && BIO_ctrl_pending(SSL_get_rbio(ssl_)) > 0) {
-    ReadStatus status = drain_tls();
-    if (status != ReadStatus::kNoData) return status;
-  }
+Transport::ReadStatus Transport::read(int fd, std::string& in) {
   char buf[16384];
   ssize_t n;
   do {
-    n = ::recv(fd_, buf, sizeof(buf), 0);
+    n = ::recv(fd, buf, sizeof(buf), 0);
   } while (n < 0 && errno == EINTR);
   if (n <= 0) return ReadStatus::kEof;
-  if (ssl_ == nullptr) {
-    in_.append(buf, static_cast<size_t>(n));
-    return ReadStatus::kData;
+  in.append(buf, static_cast<size_t>(n));
+  return ReadStatus::kData;
+}
+
+bool Transport::write(int fd, std::string_view data) { return send_all(fd, data); }
+
+// ---------------------------------------------------------------------------------------------
+// Connection
+
+Connection::Connection(int fd, std::unique_ptr<Transport> transport)
+    : fd_(fd), transport_(transport ? std::move(transport) : std::make_unique<Transport>()) {}
+
+Connection::~Connection() = default;
+
+bool Connection::send_bytes(std::string_view data) {
+  if (broken_) return false;
+  if (!transport_->write(fd_, data)) {
+    broken_ = true;
+    return false;
   }
-  BIO_write(SSL_get_rbio(ssl_), buf, static_cast<int>(n));
-  return drain_tls();
+  return true;
 }
 
 bool Connection::fill() {
   for (;;) {
-    ReadStatus status = read_once();
-    if (status == ReadStatus::kData) return true;
-    if (status == ReadStatus::kEof) return false;
+    const Transport::ReadStatus status = transport_->read(fd_, in_);
+    if (status == Transport::ReadStatus::kData) return true;
+    if (status == Transport::ReadStatus::kEof) return false;
   }
 }
 
-bool Connection::handshake() {
-  if (ssl_ == nullptr) return true;
-  SSL_set_bio(ssl_, BIO_new(BIO_s_mem()), BIO_new(BIO_s_mem()));
-  SSL_set_accept_state(ssl_);
-  char buf[16384];
-  for (;;) {
-    int r = SSL_do_handshake(ssl_);
-    if (!flush_tls()) return false;
-    if (r == 1) return true;
-    if (SSL_get_error(ssl_, r) != SSL_ERROR_WANT_READ) {
-      ERR_clear_error();
-      return false;
-    }
-    ssize_t n;
-    do {
-      n = ::recv(fd_, buf, sizeof(buf), 0);
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) return false;
-    BIO_write(SSL_get_rbio(ssl_), buf, static_cast<int>(n));
-  }
-}
+bool Connection::handshake() { return transport_->handshake(fd_); }
 
 bool Connection::read_chunked_body(std::string& body) {
   for (;;) {
@@ -370,20 +312,28 @@ Connection::WaitResult Connection::wait(int wake_fd,
     if (now >= deadline) return WaitResult::kTimeout;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
     pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    int r = ::poll(fds, 2, static_cast<int>(std::min<long long>(ms, 1 << 30)));
+    int r = ::poll(fds, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::min<long long>(ms, 1 << 30)));
     if (r < 0) {
       if (errno == EINTR) continue;
       broken_ = true;
       return WaitResult::kClientClosed;
     }
-    if (fds[1].revents & POLLIN) return WaitResult::kWoken;
+    if (wake_fd >= 0 && (fds[1].revents & POLLIN)) return WaitResult::kWoken;
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      if (read_once() == ReadStatus::kEof) {
+      if (transport_->read(fd_, in_) == Transport::ReadStatus::kEof) {
         broken_ = true;
         return WaitResult::kClientClosed;
       }
     }
   }
+}
+
+bool Connection::client_gone() const {
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+  char c;
+  return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 void Connection::abort() {
@@ -394,22 +344,27 @@ void Connection::abort() {
 // ---------------------------------------------------------------------------------------------
 // Server
 
-Server::Server(Handler handler, SSL_CTX* tls) : handler_(std::move(handler)), tls_(tls) {}
+ConnectionServer::ConnectionServer(std::string what, Handler handler, TransportFactory transport,
+                                   std::string port_hint)
+    : what_(std::move(what)),
+      handler_(std::move(handler)),
+      transport_(std::move(transport)),
+      port_hint_(std::move(port_hint)) {}
 
-Server::~Server() { stop(); }
+ConnectionServer::~ConnectionServer() { stop(); }
 
-void Server::start(const std::string& address, int port) {
+void ConnectionServer::start(const std::string& address, int port) {
   stopping_ = false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   std::string ip = address == "localhost" ? "127.0.0.1" : address;
   if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
-    throw InvalidArgument("fake API server: bind address '" + address +
+    throw InvalidArgument(what_ + ": bind address '" + address +
                           "' is not an IPv4 address; use e.g. 127.0.0.1 or 0.0.0.0");
   }
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) throw_errno("fake API server: cannot create a socket", address, errno);
+  if (listen_fd_ < 0) throw_errno(what_ + ": cannot create a socket", address, errno);
   int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
@@ -417,8 +372,8 @@ void Server::start(const std::string& address, int port) {
     int err = errno;
     ::close(listen_fd_);
     listen_fd_ = -1;
-    throw Unavailable("fake API server: cannot listen on " + address + ":" + std::to_string(port) +
-                      ": " + std::strerror(err) + "; choose another --port (0 picks a free one)");
+    throw Unavailable(what_ + ": cannot listen on " + address + ":" + std::to_string(port) + ": " +
+                      std::strerror(err) + "; " + port_hint_);
   }
   socklen_t len = sizeof(addr);
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -427,7 +382,7 @@ void Server::start(const std::string& address, int port) {
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
-void Server::accept_loop() {
+void ConnectionServer::accept_loop() {
   for (;;) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (stopping_) {
@@ -437,7 +392,7 @@ void Server::accept_loop() {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
         if (errno == EMFILE || errno == ENFILE) {
-          LH_LOG(WARNING) << "fake API server: out of file descriptors while accepting";
+          LH_LOG(WARNING) << what_ << ": out of file descriptors while accepting";
         }
         continue;
       }
@@ -454,10 +409,9 @@ void Server::accept_loop() {
   }
 }
 
-void Server::serve(uint64_t id, int fd) {
-  SSL* ssl = tls_ != nullptr ? SSL_new(tls_) : nullptr;
+void ConnectionServer::serve(uint64_t id, int fd) {
   {
-    Connection connection(fd, ssl);
+    Connection connection(fd, transport_ ? transport_() : nullptr);
     try {
       if (connection.handshake()) {
         Request request;
@@ -467,7 +421,7 @@ void Server::serve(uint64_t id, int fd) {
         }
       }
     } catch (const std::exception& e) {
-      LH_LOG(ERROR) << "fake API server: connection handler failed: " << e.what();
+      LH_LOG(ERROR) << what_ << ": connection handler failed: " << e.what();
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -479,7 +433,7 @@ void Server::serve(uint64_t id, int fd) {
   ::close(fd);
 }
 
-void Server::reap_finished() {
+void ConnectionServer::reap_finished() {
   std::vector<std::thread> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -495,7 +449,7 @@ void Server::reap_finished() {
   for (std::thread& t : done) t.join();
 }
 
-void Server::stop() {
+void ConnectionServer::stop() {
   if (!running_) return;
   stopping_ = true;
   ::shutdown(listen_fd_, SHUT_RDWR);
@@ -518,4 +472,4 @@ void Server::stop() {
   running_ = false;
 }
 
-}  // namespace longhaul::fakeapi::http
+}  // namespace longhaul::http
