@@ -1,7 +1,8 @@
-// A tiny HTTP/1.1 server for the Kubernetes client's tests (test-only). It listens on
-// 127.0.0.1:<ephemeral>, runs `handler` for each request on the connection's own thread, keeps
-// connections alive, and records every request. Handlers may answer at once (send), stream a
-// chunked body line by line (start_stream/write_chunk/end_stream) or drop the connection.
+// A scriptable HTTP/1.1 server for the Kubernetes client's tests (test-only), over the project's
+// server (base/http_connection.h). It listens on 127.0.0.1:<ephemeral>, runs `handler` for each
+// request on the connection's own thread, keeps connections alive, and records every request.
+// Handlers may answer at once (send), stream a chunked body line by line
+// (start_stream/write_chunk/end_stream) or drop the connection.
 //
 // Thread-safety: the server's methods are safe from any thread; a ResponseWriter belongs to the
 // handler call it was given to. stop() (also run by the destructor) closes every connection and
@@ -13,14 +14,14 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
+
+#include "longhaul/base/http_connection.h"
 
 namespace longhaul::kube::testing {
 
@@ -54,12 +55,11 @@ class ResponseWriter {
 
  private:
   friend class TestHttpServer;
-  ResponseWriter(int fd, const TestHttpServer* server) : fd_(fd), server_(server) {}
-  bool write_all(const std::string& data);
-  int fd_;
+  ResponseWriter(http::Connection& connection, const TestHttpServer* server)
+      : connection_(connection), server_(server) {}
+  http::Connection& connection_;
   const TestHttpServer* server_;
   bool answered_ = false;
-  bool dropped_ = false;
 };
 
 using Handler = std::function<void(const Request&, ResponseWriter&)>;
@@ -71,8 +71,8 @@ class TestHttpServer {
   TestHttpServer(const TestHttpServer&) = delete;
   TestHttpServer& operator=(const TestHttpServer&) = delete;
 
-  int port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const;
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port()); }
   void stop();
   bool stopping() const { return stopping_.load(); }
 
@@ -81,19 +81,14 @@ class TestHttpServer {
   bool wait_for_requests(size_t n, std::chrono::milliseconds timeout) const;
 
  private:
-  void accept_loop();
-  void serve(int fd);
+  void serve(const http::Request& raw, http::Connection& connection);
 
   Handler handler_;
-  int listen_fd_ = -1;
-  int port_ = 0;
   std::atomic<bool> stopping_{false};
-  std::thread accept_thread_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  std::vector<Request> requests_;   // guarded by mu_
-  std::list<std::thread> workers_;  // guarded by mu_
-  std::vector<int> open_fds_;       // guarded by mu_
+  std::vector<Request> requests_;  // guarded by mu_
+  http::ConnectionServer server_;  // last: destroyed first (stop() has joined it by then)
 };
 
 // Lines for a streaming handler, pushed by the test: pop() waits for the next line and returns
