@@ -15,28 +15,9 @@
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/http_connection.h"
 
 namespace longhaul::http {
-namespace {
-
-const char* reason_phrase(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 500:
-      return "Internal Server Error";
-    case 503:
-      return "Service Unavailable";
-    default:
-      return "Unknown";
-  }
-}
-
-}  // namespace
 
 Server::Server(std::string what, std::string bind_address, int port, Handler handler)
     : what_(std::move(what)),
@@ -87,7 +68,7 @@ void Server::stop() {
 namespace {
 
 // One client connection of the event loop.
-struct Connection {
+struct PendingRequest {
   int fd = -1;
   std::chrono::steady_clock::time_point deadline;
   std::string in;   // request bytes read so far
@@ -130,7 +111,7 @@ std::string Server::respond(const std::string& request) {
 void Server::serve() {
   using Clock = std::chrono::steady_clock;
   ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
-  std::vector<Connection> conns;
+  std::vector<PendingRequest> conns;
   auto close_all = [&] {
     for (auto& c : conns) ::close(c.fd);
     conns.clear();
@@ -162,7 +143,7 @@ void Server::serve() {
     // Serve the connections polled (indices shift by 2), then drop the finished and expired.
     const auto now = Clock::now();
     for (size_t i = 0; i < conns.size(); ++i) {
-      Connection& c = conns[i];
+      PendingRequest& c = conns[i];
       const short ev = fds[i + 2].revents;
       if (ev == 0) continue;
       if (!c.writing) {
@@ -191,7 +172,7 @@ void Server::serve() {
       c.sent += static_cast<size_t>(n);
       if (c.sent == c.out.size()) c.deadline = now;  // done
     }
-    std::erase_if(conns, [&](const Connection& c) {
+    std::erase_if(conns, [&](const PendingRequest& c) {
       if (c.deadline > now) return false;
       ::close(c.fd);
       return true;
@@ -200,7 +181,7 @@ void Server::serve() {
       while (conns.size() < kMaxConnections) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
-        conns.push_back(Connection{fd, Clock::now() + kRequestDeadline, {}, {}, 0, false});
+        conns.push_back(PendingRequest{fd, Clock::now() + kRequestDeadline, {}, {}, 0, false});
       }
     }
   }
