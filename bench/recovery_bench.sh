@@ -4,13 +4,13 @@
 #
 # 1. On the local cluster (bench/recovery_cluster_bench.cc, built as recovery_cluster_bench): the
 #    longhaul-operator binary against the fake API server (--api real: a real kube-apiserver, etcd
-#    and controller manager from tests/envtest, LONGHAUL_KUBE_ASSETS), the local kubelet running
-#    the pods of a 3-replica TrainingJob as longhaul-worker processes; per restartScope
-#    (Replica: only the lost pod is re-created, the survivors regroup in place; Group: every pod
-#    is re-created and restores the latest checkpoint) and fault (worker SIGKILL, chief SIGKILL, worker preempted
-#    with notice): the time from the fault to the next completed step, the pod start reported
-#    separately (pod created -> process started) and subtracted, steps redone, pods re-created,
-#    whether a checkpoint was read, and the operator's own status.lastRecoveryMilliseconds.
+#    and controller manager from tests/envtest, LONGHAUL_KUBE_ASSETS), the local kubelet running the
+#    pods of a 3-replica TrainingJob as longhaul-worker processes; per restartScope (Replica: only
+#    the lost pod is re-created, the survivors regroup in place; Group: every pod is re-created and
+#    restores the latest checkpoint) and fault (worker SIGKILL, chief SIGKILL, worker preempted with
+#    notice): the time from the fault to the next completed step, the pod start reported separately
+#    (pod created -> process started) and subtracted, steps redone, pods re-created, whether a
+#    checkpoint was read, and the operator's own status.lastRecoveryMilliseconds.
 # 2. Processes only (no operator, no pods; the baseline): the same replicas started here with
 #    TF_CONFIG as pods get it, the lost one replaced at once with the same rank.
 #
