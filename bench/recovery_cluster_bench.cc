@@ -11,11 +11,12 @@
 //
 // Faults: worker-kill (SIGKILL to the process group of the pod of rank 2: the container dies),
 // chief-kill (the same for the chief), preempt (the kubelet's preemption with notice:
-// DisruptionTarget, then SIGTERM, for the pod of rank 2). Everything is timed on this process's
-// steady clock by polling: every 10 ms the pods' log files (every incarnation of a pod is appended
-// to one file; log.every_steps 1), every 2 ms the pods seen by a watch (a new uid: the pod was
-// re-created; stamped when the watch delivered it) and the kubelet (the new pod's process started).
-// Reported per scenario:
+// DisruptionTarget, then SIGTERM, for the pod of rank 2), delete (the pod of rank 2 deleted
+// through the API with its grace period, as `kubectl delete pod` or a drain does: SIGTERM).
+// Everything is timed on this process's steady clock by polling: every 10 ms the pods' log files
+// (every incarnation of a pod is appended to one file; log.every_steps 1), every 2 ms the pods seen
+// by a watch (a new uid: the pod was re-created; stamped when the watch delivered it) and the
+// kubelet (the new pod's process started). Reported per scenario:
 //   fault_to_step_s  fault -> the next step completed after the group resumed (a survivor's log;
 //                    for Group, the restarted chief's);
 //   pod_start_s      pod created -> its process started (on a real cluster: scheduling, image pull,
@@ -171,9 +172,10 @@ std::optional<int64_t> start_line(const std::string& text) {
 }
 
 struct Fault {
-  std::string name;    // worker-kill, chief-kill, preempt
+  enum class Kind { kKill, kPreempt, kDelete };
+  std::string name;
   bool chief = false;  // the victim is the chief (else the worker of rank 2)
-  bool notice = false;
+  Kind kind = Kind::kKill;
 };
 
 struct Result {
@@ -314,10 +316,17 @@ class Bench {
     }
     const auto victim_info = kubelet.pod(ns, victim);
     const auto fault_at = Clock::now();
-    if (fault.notice) {
-      kubelet.preempt(ns, victim);
-    } else if (victim_info && victim_info->pid > 0) {
-      ::kill(-victim_info->pid, SIGKILL);  // the pod's process group: the container dies
+    switch (fault.kind) {
+      case Fault::Kind::kPreempt:
+        kubelet.preempt(ns, victim);
+        break;
+      case Fault::Kind::kDelete:
+        cluster_->client().remove(res::kPods, ns, victim);  // the pod's own grace period
+        break;
+      case Fault::Kind::kKill:
+        // The pod's process group: the container dies.
+        if (victim_info && victim_info->pid > 0) ::kill(-victim_info->pid, SIGKILL);
+        break;
     }
     const size_t first_after_fault = logs.lines().size();
 
@@ -461,7 +470,7 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   Options o;
-  std::string scopes = "Replica,Group", faults = "worker-kill,chief-kill,preempt";
+  std::string scopes = "Replica,Group", faults = "worker-kill,chief-kill,preempt,delete";
   CLI::App app{
       "Recovery from a lost replica on the local cluster (fake API server, operator, "
       "local kubelet): see bench/README.md"};
@@ -470,7 +479,7 @@ int main(int argc, char** argv) {
                  "kube-controller-manager of tests/envtest, LONGHAUL_KUBE_ASSETS)")
       ->check(CLI::IsMember({"fake", "real"}));
   app.add_option("--scopes", scopes, "restartScope values, comma-separated (Replica, Group)");
-  app.add_option("--faults", faults, "worker-kill, chief-kill, preempt (comma-separated)");
+  app.add_option("--faults", faults, "worker-kill, chief-kill, preempt, delete (comma-separated)");
   app.add_option("--preset", o.preset, "model preset");
   app.add_option("--batch", o.batch, "micro-batch per replica")->check(CLI::PositiveNumber);
   app.add_option("--seq", o.seq, "sequence length")->check(CLI::PositiveNumber);
@@ -492,15 +501,17 @@ int main(int argc, char** argv) {
 #endif
 
   const std::map<std::string, Fault> known = {
-      {"worker-kill", {"worker SIGKILL", false, false}},
-      {"chief-kill", {"chief SIGKILL", true, false}},
-      {"preempt", {"worker preempted (SIGTERM notice)", false, true}},
+      {"worker-kill", {"worker SIGKILL", false, Fault::Kind::kKill}},
+      {"chief-kill", {"chief SIGKILL", true, Fault::Kind::kKill}},
+      {"preempt", {"worker preempted (SIGTERM notice)", false, Fault::Kind::kPreempt}},
+      {"delete", {"worker pod deleted (grace, SIGTERM)", false, Fault::Kind::kDelete}},
   };
   std::vector<Fault> chosen;
   for (const std::string& f : split(faults)) {
     auto it = known.find(f);
     if (it == known.end()) {
-      std::fprintf(stderr, "--faults: unknown fault '%s' (worker-kill, chief-kill, preempt)\n",
+      std::fprintf(stderr,
+                   "--faults: unknown fault '%s' (worker-kill, chief-kill, preempt, delete)\n",
                    f.c_str());
       return 2;
     }
@@ -525,9 +536,9 @@ int main(int argc, char** argv) {
       "every %d steps, fault after step %d, %ld CPUs\n",
       o.api == "real" ? "real (envtest)" : "fake", o.preset.c_str(), o.batch, o.seq, o.save_every,
       o.lose_at, sysconf(_SC_NPROCESSORS_ONLN));
-  std::printf("%-8s %-34s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "scope", "fault", "fault_to",
+  std::printf("%-8s %-36s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "scope", "fault", "fault_to",
               "pod", "excl", "fault_to", "start_to", "steps", "pods", "ckpt", "step", "operator");
-  std::printf("%-8s %-34s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "", "", "step_s", "start_s",
+  std::printf("%-8s %-36s %8s %8s %8s %8s %8s %7s %6s %5s %11s %9s\n", "", "", "step_s", "start_s",
               "start_s", "pod_s", "join_s", "redone", "new", "read", "before->from", "recov_ms");
   std::fflush(stdout);
   int failures = 0;
@@ -537,13 +548,13 @@ int main(int argc, char** argv) {
       for (const Fault& f : chosen) {
         const Result r = bench.run(scope, f);
         if (!r.ok) {
-          std::printf("%-8s %-34s FAILED: %s\n", r.scope.c_str(), r.fault.c_str(), r.why.c_str());
+          std::printf("%-8s %-36s FAILED: %s\n", r.scope.c_str(), r.fault.c_str(), r.why.c_str());
           ++failures;
           std::fflush(stdout);
           continue;
         }
         const std::string steps = std::to_string(r.before) + "->" + std::to_string(r.resumed);
-        std::printf("%-8s %-34s %8.3f %8.3f %8.3f %8.3f %8.3f %7lld %6d %5s %11s %9s\n",
+        std::printf("%-8s %-36s %8.3f %8.3f %8.3f %8.3f %8.3f %7lld %6d %5s %11s %9s\n",
                     r.scope.c_str(), r.fault.c_str(), r.fault_to_step, r.pod_start,
                     r.fault_to_step - r.pod_start, r.fault_to_pod, r.start_to_join,
                     static_cast<long long>(r.redone), r.recreated, r.ckpt_read ? "yes" : "no",
