@@ -101,7 +101,7 @@ else
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
   export NVCC
   INC=(-I"$ROOT/base/include" -I"$ROOT/worker/model/include"
-       -I"$ROOT/worker/kernels/cuda/include" -I"$ROOT/worker/backend_cuda/include"
+       -I"$ROOT/worker/kernels/cuda/include" -I"$ROOT/worker/model/cuda/include"
        -I"$CUDA_HOME/include")
   OBJ=$BUILD/direct
   mkdir -p "$OBJ"
@@ -117,16 +117,17 @@ else
   }
   export -f compile_one
   rm -f "$OBJ"/*.o
-  # worker/model: every library source but the CPU model (which needs the CPU kernels and
-  # OpenBLAS), so a source added there later (the LanguageModel base class's) is compiled too.
+  # worker/model: every library source at its top level but CPU inference, so a source added there
+  # later is compiled too. The CPU backend (model/cpu) and gpt2_inference.cc need the CPU kernels
+  # and OpenBLAS, which this build does not have.
   MODEL_SOURCES=()
   for f in "$ROOT"/worker/model/*.cc; do
-    case $(basename "$f") in *_test.cc | gpt2_cpu.cc) ;; *) MODEL_SOURCES+=("$f") ;; esac
+    case $(basename "$f") in *_test.cc | gpt2_inference.cc) ;; *) MODEL_SOURCES+=("$f") ;; esac
   done
   printf '%s\n' "$ROOT"/worker/kernels/cuda/*.cu \
     "$ROOT"/base/error.cc "$ROOT"/base/log.cc "${MODEL_SOURCES[@]}" \
     "$ROOT"/worker/kernels/cuda/check.cc "$ROOT"/worker/kernels/cuda/matmul.cc \
-    "$ROOT"/worker/backend_cuda/gpt2_cuda.cc \
+    "$ROOT"/worker/model/cuda/gpt2_cuda.cc \
     "$ROOT"/bench/gpu_train_bench.cc |
     xargs -P "$JOBS" -I{} bash -c 'compile_one "$1"' _ {}
   g++ -o "$OBJ/longhaul_gpu_bench" "$OBJ"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" \

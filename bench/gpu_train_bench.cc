@@ -33,9 +33,9 @@
 
 #include <cuda_runtime.h>
 
-#include <longhaul/backend_cuda/cuda_backend.h>
 #include <longhaul/base/error.h>
 #include <longhaul/model/config.h>
+#include <longhaul/model/cuda/cuda_backend.h>
 
 namespace {
 

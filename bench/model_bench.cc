@@ -26,7 +26,7 @@
 
 #include <longhaul/kernels/cpu/threading.h>
 #include <longhaul/model/config.h>
-#include <longhaul/model/gpt2_cpu.h>
+#include <longhaul/model/cpu/gpt2_cpu.h>
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "longhaul/model/config.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/model/gpt2_inference.h"
 #include "longhaul/model/gpt2_layout.h"
 

@@ -18,9 +18,9 @@
 
 #include "commands.h"
 #include "exit_codes.h"
-#include "longhaul/backend_cuda/device_info.h"
 #include "longhaul/base/error.h"
 #include "longhaul/kernels/cpu/platform.h"
+#include "longhaul/model/cuda/device_info.h"
 #include "longhaul/selfcheck/device_plan.h"
 #include "longhaul/trainer/config.h"
 #include "longhaul/trainer/trainer.h"

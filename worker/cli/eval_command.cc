@@ -10,7 +10,7 @@
 #include "exit_codes.h"
 #include "longhaul/base/error.h"
 #include "longhaul/data/data_loader.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/trainer/config.h"
 #include "longhaul/trainer/trainer.h"

@@ -6,10 +6,10 @@
 
 #include "commands.h"
 #include "exit_codes.h"
-#include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
 #include "longhaul/metrics/worker_metrics.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 #include "longhaul/supervisor/signals.h"
 #include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/run.h"

@@ -19,7 +19,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/distributed/data_parallel.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 
 namespace longhaul::dist {
 namespace {

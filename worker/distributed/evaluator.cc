@@ -14,7 +14,7 @@
 #include "longhaul/base/log.h"
 #include "longhaul/data/data_loader.h"
 #include "longhaul/distributed/training_done.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/trainer/run.h"

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 
 namespace longhaul::model {
 namespace {

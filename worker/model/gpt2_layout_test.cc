@@ -14,7 +14,7 @@
 
 #include <longhaul/base/error.h>
 #include <longhaul/model/config.h>
-#include <longhaul/model/gpt2_cpu.h>
+#include <longhaul/model/cpu/gpt2_cpu.h>
 #include <longhaul/model/language_model.h>
 
 namespace longhaul::model {

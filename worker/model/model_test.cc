@@ -18,7 +18,7 @@
 #include <longhaul/base/error.h>
 #include <longhaul/kernels/cpu/threading.h>
 #include <longhaul/model/config.h>
-#include <longhaul/model/gpt2_cpu.h>
+#include <longhaul/model/cpu/gpt2_cpu.h>
 #include <longhaul/model/language_model.h>
 #include <longhaul/model/lr_schedule.h>
 #include <longhaul/model/pretrained.h>

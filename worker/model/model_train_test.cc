@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <longhaul/model/config.h>
-#include <longhaul/model/gpt2_cpu.h>
+#include <longhaul/model/cpu/gpt2_cpu.h>
 #include <longhaul/model/lr_schedule.h>
 
 namespace longhaul::model {

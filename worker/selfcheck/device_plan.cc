@@ -10,7 +10,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/selfcheck/cuda_registry.h"
 
 namespace longhaul::selfcheck {

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/selfcheck/cuda_registry.h"
 #include "longhaul/selfcheck/device_plan.h"
 #include "selfcheck_internal.h"

@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "longhaul/backend_cuda/device_info.h"
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
 #include "longhaul/kernels/cpu/platform.h"
+#include "longhaul/model/cuda/device_info.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/signals.h"

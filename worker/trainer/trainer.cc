@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
 #include "longhaul/base/log.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 
 namespace longhaul::trainer {
 namespace {

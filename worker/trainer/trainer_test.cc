@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "longhaul/data/prepare.h"
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/supervisor/safetensors.h"
 
 namespace longhaul::trainer {

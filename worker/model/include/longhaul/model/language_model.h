@@ -1,5 +1,5 @@
-// The interface every training backend implements (CPU in worker/model, CUDA in
-// worker/backend_cuda), so the trainer, the checkpointing glue and data-parallel gradient averaging
+// The interface every training backend implements (CPU in worker/model/cpu, CUDA in
+// worker/model/cuda), so the trainer, the checkpointing glue and data-parallel gradient averaging
 // are written once. Moving state between host memory and the model (download, upload,
 // snapshot_to_host) is part of the interface: host backends keep the defaults (memcpy), device
 // backends override them, and callers never need to know which one they hold.

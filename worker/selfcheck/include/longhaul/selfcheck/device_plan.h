@@ -8,7 +8,7 @@
 //      a failing flash attention falls back to the cuBLAS path, a failing cuBLASLt epilogue to
 //      the separate kernel. Then one training step of a small model with the chosen kernels is
 //      compared with the CPU model (loss <= 1e-2, gradient norm <= 2e-2, parameters after the
-//      AdamW step <= 1e-2 relative, backend_cuda's test tolerances); if it fails, once more with
+//      AdamW step <= 1e-2 relative, the CUDA model's test tolerances); if it fails, once more with
 //      the most conservative choices (cuBLAS attention, no fused epilogues).
 //   5. Still wrong: auto -> the CPU, with the failures as the reason (the caller warns);
 //      cuda -> FailedPrecondition naming the kernel, shape, error and tolerance (exit 2).
@@ -25,7 +25,7 @@
 #include <optional>
 #include <string>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 #include "longhaul/model/language_model.h"
 #include "longhaul/selfcheck/selfcheck.h"
 

@@ -1,7 +1,7 @@
 // device_info.h in a build without the CUDA toolkit: no CUDA, said plainly.
 #include <longhaul/base/error.h>
 
-#include "longhaul/backend_cuda/device_info.h"
+#include "longhaul/model/cuda/device_info.h"
 
 namespace longhaul::backend_cuda {
 

@@ -1,5 +1,5 @@
 // Device report and micro-measurements for `doctor`; see device_info.h.
-#include "longhaul/backend_cuda/device_info.h"
+#include "longhaul/model/cuda/device_info.h"
 
 #include <algorithm>
 #include <string>
@@ -9,7 +9,7 @@
 #include <longhaul/kernels/cuda/check.h>
 #include <longhaul/kernels/cuda/matmul.h>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 
 #ifndef LONGHAUL_CUDA_ARCHITECTURES
 #define LONGHAUL_CUDA_ARCHITECTURES "unknown"

@@ -3,7 +3,7 @@
 // `device: cuda` fails with a clear error.
 #include <longhaul/base/error.h>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 
 namespace longhaul::backend_cuda {
 namespace {

@@ -49,7 +49,7 @@
 #include <longhaul/kernels/cuda/matmul.h>
 #include <longhaul/model/gpt2_layout.h>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 
 namespace longhaul::backend_cuda {
 namespace {

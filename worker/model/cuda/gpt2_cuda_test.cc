@@ -15,9 +15,9 @@
 #include <gtest/gtest.h>
 
 #include <longhaul/base/error.h>
-#include <longhaul/model/gpt2_cpu.h>
+#include <longhaul/model/cpu/gpt2_cpu.h>
 
-#include "longhaul/backend_cuda/cuda_backend.h"
+#include "longhaul/model/cuda/cuda_backend.h"
 
 namespace longhaul::backend_cuda {
 namespace {

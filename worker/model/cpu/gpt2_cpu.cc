@@ -1,6 +1,6 @@
 // CPU GPT-2: activations, forward, backward and AdamW over the CPU kernels, on the parameter
 // layout and initialisation shared with the CUDA backend (gpt2_layout.h).
-#include "longhaul/model/gpt2_cpu.h"
+#include "longhaul/model/cpu/gpt2_cpu.h"
 
 #include <cmath>
 #include <cstdlib>
