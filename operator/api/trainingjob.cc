@@ -8,13 +8,12 @@
 
 #include "longhaul/api/validation.h"
 #include "longhaul/base/error.h"
+#include "longhaul/base/field.h"
 
 namespace longhaul::api {
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw InvalidArgument(path + ": " + what);
-}
+using field::fail;
 
 const json* field(const json& obj, const char* key) {
   auto it = obj.find(key);
@@ -31,7 +30,7 @@ int64_t get_int(const json& obj, const char* key, const std::string& path, int64
                 int64_t max) {
   const json* v = field(obj, key);
   if (v == nullptr) return def;
-  const std::string p = path + "." + key;
+  const std::string p = field::path(path, key);
   int64_t value = 0;
   if (v->is_number_integer()) {
     value = v->get<int64_t>();
@@ -55,14 +54,14 @@ std::string get_string(const json& obj, const char* key, const std::string& path
                        const std::string& def) {
   const json* v = field(obj, key);
   if (v == nullptr) return def;
-  if (!v->is_string()) fail(path + "." + key, "must be a string");
+  if (!v->is_string()) fail(field::path(path, key), "must be a string");
   return v->get<std::string>();
 }
 
 bool get_bool(const json& obj, const char* key, const std::string& path, bool def) {
   const json* v = field(obj, key);
   if (v == nullptr) return def;
-  if (!v->is_boolean()) fail(path + "." + key, "must be a boolean");
+  if (!v->is_boolean()) fail(field::path(path, key), "must be a boolean");
   return v->get<bool>();
 }
 
@@ -71,7 +70,7 @@ E get_enum(const json& obj, const char* key, const std::string& path, E def,
            const std::pair<const char*, E> (&values)[N]) {
   const json* v = field(obj, key);
   if (v == nullptr) return def;
-  const std::string p = path + "." + key;
+  const std::string p = field::path(path, key);
   if (!v->is_string()) fail(p, "must be a string");
   const std::string s = v->get<std::string>();
   std::string allowed;
@@ -112,11 +111,11 @@ std::vector<int32_t> get_exit_codes(const json& obj, const char* key, const std:
   std::vector<int32_t> out;
   const json* v = field(obj, key);
   if (v == nullptr) return out;
-  const std::string p = path + "." + key;
+  const std::string p = field::path(path, key);
   if (!v->is_array()) fail(p, "must be an array of exit codes");
   for (size_t i = 0; i < v->size(); ++i) {
     const json& e = (*v)[i];
-    const std::string ep = p + "[" + std::to_string(i) + "]";
+    const std::string ep = field::element(p, i);
     if (!e.is_number_integer()) fail(ep, "must be an integer");
     const int64_t code = e.get<int64_t>();
     if (code < 1 || code > 255) fail(ep, "must be an exit code between 1 and 255");

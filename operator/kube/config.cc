@@ -10,6 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/field.h"
 #include "longhaul/base/strings.h"
 
 namespace longhaul::kube {
@@ -65,7 +66,7 @@ class KubeconfigReader {
   KubeconfigReader(std::string path, YAML::Node root) : path_(std::move(path)), root_(root) {}
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw InvalidArgument("kubeconfig " + path_ + ": " + what);
+    field::fail("kubeconfig " + path_, what);
   }
 
   std::string string_field(const YAML::Node& node, const char* key) const {

@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/field.h"
 #include "longhaul/base/file.h"
 
 namespace longhaul::trainer {
@@ -154,9 +155,7 @@ Field string_field(std::string key, Ref<std::string> ref, std::vector<std::strin
       [=](const YAML::Node& n, WorkerConfig& c) -> std::string {
         const std::string s = scalar_of(n);
         if (!choices.empty() && std::find(choices.begin(), choices.end(), s) == choices.end()) {
-          std::string list;
-          for (const auto& ch : choices) list += (list.empty() ? "" : ", ") + ch;
-          return "must be one of " + list + ", got '" + s + "'";
+          return "must be one of " + field::one_of(choices) + ", got '" + s + "'";
         }
         ref(c) = s;
         return "";
@@ -398,7 +397,7 @@ void check_structure(const YAML::Node& node, const std::string& prefix, const st
                      std::vector<std::string>& errors) {
   for (const auto& kv : node) {
     const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : "<non-scalar key>";
-    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    const std::string key = field::path(prefix, name);
     if (const Field* f = find_field(key)) {
       if (f->kind == Kind::kMap && !kv.second.IsMap() && !kv.second.IsNull()) {
         errors.push_back(where + ": " + key + " must be a mapping of names");
@@ -427,7 +426,7 @@ void check_duplicates(const YAML::Node& node, const std::string& prefix, const s
   std::map<std::string, int> first_line;
   for (const auto& kv : node) {
     const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : "<non-scalar key>";
-    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    const std::string key = field::path(prefix, name);
     const int line = kv.first.Mark().line + 1;
     auto [it, inserted] = first_line.emplace(name, line);
     if (!inserted) {
