@@ -316,6 +316,59 @@ void Informer::apply(const WatchEvent& event) {
   }
 }
 
+namespace {
+
+// The options of the next watch: from `resource_version`, with bookmarks, and a timeout of
+// watch_timeout plus up to half again at random, so informers do not reconnect in lockstep.
+ListOptions watch_options(const InformerOptions& options, std::string resource_version,
+                          std::mt19937_64& rng) {
+  ListOptions opts;
+  opts.label_selector = options.label_selector;
+  opts.field_selector = options.field_selector;
+  opts.resource_version = std::move(resource_version);
+  opts.allow_watch_bookmarks = true;
+  const auto base = options.watch_timeout.count();
+  opts.timeout_seconds = static_cast<int>(
+      base + std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(0, base / 2))(rng));
+  return opts;
+}
+
+}  // namespace
+
+bool Informer::watch_once(const ListOptions& opts, WatchOutcome& out) {
+  try {
+    std::unique_ptr<WatchStream> stream = client_->watch(options_.resource, options_.ns, opts);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return false;
+      current_stream_ = stream.get();
+    }
+    struct Unpublish {
+      Informer* self;
+      ~Unpublish() {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->current_stream_ = nullptr;
+      }
+    } unpublish{this};
+    while (auto event = stream->next()) {
+      if (event->type == WatchEvent::Type::kError) {
+        out.error_code = event->object.is_object() ? event->object.value("code", 0) : 0;
+        apply(*event);
+        out.relist = true;
+        break;
+      }
+      ++out.events;
+      apply(*event);
+    }
+  } catch (const GoneError& e) {
+    LH_LOG(INFO) << "watch resourceVersion expired; relisting" << kv("informer", name_)
+                 << kv("error", e.what());
+    out.relist = true;
+    out.error_code = 410;
+  }
+  return true;
+}
+
 void Informer::run() {
   // `failures` counts consecutive attempts that made no progress; it sets the backoff and is
   // reset once a watch delivers an event or lives for a while.
@@ -338,59 +391,25 @@ void Informer::run() {
         continue;
       }
     }
-    ListOptions opts;
-    opts.label_selector = options_.label_selector;
-    opts.field_selector = options_.field_selector;
-    opts.resource_version = resource_version();
-    opts.allow_watch_bookmarks = true;
-    const auto base = options_.watch_timeout.count();
-    opts.timeout_seconds = static_cast<int>(
-        base + std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(0, base / 2))(rng));
+    const ListOptions opts = watch_options(options_, resource_version(), rng);
     const auto watch_start = std::chrono::steady_clock::now();
-    int events = 0;
-    int error_code = 0;
+    WatchOutcome watch;
     try {
-      std::unique_ptr<WatchStream> stream = client_->watch(options_.resource, options_.ns, opts);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stopping_) return;
-        current_stream_ = stream.get();
-      }
-      struct Unpublish {
-        Informer* self;
-        ~Unpublish() {
-          std::lock_guard<std::mutex> lock(self->mu_);
-          self->current_stream_ = nullptr;
-        }
-      } unpublish{this};
-      while (auto event = stream->next()) {
-        if (event->type == WatchEvent::Type::kError) {
-          error_code = event->object.is_object() ? event->object.value("code", 0) : 0;
-          apply(*event);
-          need_list = true;
-          break;
-        }
-        ++events;
-        apply(*event);
-      }
-    } catch (const GoneError& e) {
-      LH_LOG(INFO) << "watch resourceVersion expired; relisting" << kv("informer", name_)
-                   << kv("error", e.what());
-      need_list = true;
-      error_code = 410;
+      if (!watch_once(opts, watch)) return;
     } catch (const std::exception& e) {
       LH_LOG(WARNING) << "informer watch failed; resuming" << kv("informer", name_)
                       << kv("error", e.what());
-      if (events > 0) failures = 0;
+      if (watch.events > 0) failures = 0;
       if (!backoff(failures++)) return;
       continue;
     }
-    const bool progressed =
-        events > 0 || std::chrono::steady_clock::now() - watch_start >= std::chrono::seconds(1);
+    need_list = watch.relist;
+    const bool progressed = watch.events > 0 || std::chrono::steady_clock::now() - watch_start >=
+                                                    std::chrono::seconds(1);
     if (progressed) failures = 0;
     if (need_list) {
       // 410 Gone is routine (relist at once); repeated or other errors back off.
-      if ((error_code != 410 || failures > 0) && !backoff(failures)) return;
+      if ((watch.error_code != 410 || failures > 0) && !backoff(failures)) return;
       ++failures;
       continue;
     }

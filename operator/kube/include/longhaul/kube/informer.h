@@ -108,8 +108,19 @@ class Informer {
   int list_count() const { return list_count_.load(); }
 
  private:
+  // What one watch did: events applied, the code of an ERROR event or a 410 Gone, whether the
+  // cache must be listed again.
+  struct WatchOutcome {
+    int events = 0;
+    int error_code = 0;
+    bool relist = false;
+  };
   void run();
   void list_and_sync();
+  // Watches from the latest resourceVersion until the stream ends, applying every event. Fills
+  // `out` as it goes (read it even when this throws); a 410 Gone, at open or as an ERROR event,
+  // sets out.relist instead of throwing. Returns false when the informer is stopping.
+  bool watch_once(const ListOptions& opts, WatchOutcome& out);
   // Applies one watch event to the store and calls the handlers (an ERROR event is only logged).
   void apply(const WatchEvent& event);
   bool backoff(int failures);  // false when stopping
