@@ -126,6 +126,57 @@ class KubeconfigReader {
   YAML::Node root_;
 };
 
+// The server and TLS settings of `cluster` (named `cluster_where` in errors) into `config`.
+void read_cluster(const KubeconfigReader& reader, const YAML::Node& cluster,
+                  const std::string& cluster_where, ClusterConfig& config) {
+  config.server = reader.string_field(cluster, "server");
+  if (config.server.empty()) reader.fail(cluster_where + " has no 'server'");
+  config.tls.ca_file = reader.file_field(cluster, "certificate-authority", cluster_where);
+  config.tls.ca_pem = reader.data_field(cluster, "certificate-authority-data", cluster_where);
+  if (YAML::Node skip = cluster["insecure-skip-tls-verify"]; skip && skip.IsScalar()) {
+    try {
+      config.tls.insecure_skip_tls_verify = skip.as<bool>();
+    } catch (const YAML::Exception&) {
+      reader.fail(cluster_where + " field 'insecure-skip-tls-verify' must be true or false");
+    }
+  }
+}
+
+// The credentials of user `user_name` into `config`; refuses a certificate without its key (or
+// the reverse) and the authentication kinds longhaul does not support, naming what works.
+void read_user(const KubeconfigReader& reader, const std::string& user_name,
+               const std::string& context_where, ClusterConfig& config) {
+  YAML::Node user = reader.named_entry("users", "user", user_name, context_where);
+  const std::string user_where = "user '" + user_name + "'";
+  config.token = reader.string_field(user, "token");
+  config.token_file = reader.file_field(user, "tokenFile", user_where);
+  config.tls.client_cert_file = reader.file_field(user, "client-certificate", user_where);
+  config.tls.client_cert_pem = reader.data_field(user, "client-certificate-data", user_where);
+  config.tls.client_key_file = reader.file_field(user, "client-key", user_where);
+  config.tls.client_key_pem = reader.data_field(user, "client-key-data", user_where);
+  const bool has_cert = !config.tls.client_cert_file.empty() || !config.tls.client_cert_pem.empty();
+  const bool has_key = !config.tls.client_key_file.empty() || !config.tls.client_key_pem.empty();
+  if (has_cert != has_key) {
+    reader.fail(user_where + " has a client " + (has_cert ? "certificate" : "key") +
+                " but no client " +
+                (has_cert ? "key ('client-key' or 'client-key-data')"
+                          : "certificate ('client-certificate' or "
+                            "'client-certificate-data')"));
+  }
+  if (config.token.empty() && config.token_file.empty() && !has_cert) {
+    if (user["exec"] || user["auth-provider"]) {
+      reader.fail(user_where +
+                  " authenticates with an exec or auth-provider plugin, which longhaul does not "
+                  "run: use a 'token', 'tokenFile' or client certificate");
+    }
+    if (user["username"]) {
+      reader.fail(user_where +
+                  " uses basic auth, which longhaul does not support: use a "
+                  "'token', 'tokenFile' or client certificate");
+    }
+  }
+}
+
 std::string default_kubeconfig_path() {
   std::string env = getenv_or_empty("KUBECONFIG");
   if (!env.empty()) {
@@ -212,54 +263,13 @@ ClusterConfig load_kubeconfig(const std::string& path_arg, const std::string& co
 
   ClusterConfig config;
   config.source = "kubeconfig " + path + " context " + context_name;
-  config.server = reader.string_field(cluster, "server");
-  if (config.server.empty()) reader.fail(cluster_where + " has no 'server'");
-  config.tls.ca_file = reader.file_field(cluster, "certificate-authority", cluster_where);
-  config.tls.ca_pem = reader.data_field(cluster, "certificate-authority-data", cluster_where);
-  if (YAML::Node skip = cluster["insecure-skip-tls-verify"]; skip && skip.IsScalar()) {
-    try {
-      config.tls.insecure_skip_tls_verify = skip.as<bool>();
-    } catch (const YAML::Exception&) {
-      reader.fail(cluster_where + " field 'insecure-skip-tls-verify' must be true or false");
-    }
-  }
+  read_cluster(reader, cluster, cluster_where, config);
   if (std::string ns = reader.string_field(context, "namespace"); !ns.empty()) {
     config.default_namespace = ns;
   }
 
   const std::string user_name = reader.string_field(context, "user");
-  if (!user_name.empty()) {
-    YAML::Node user = reader.named_entry("users", "user", user_name, context_where);
-    const std::string user_where = "user '" + user_name + "'";
-    config.token = reader.string_field(user, "token");
-    config.token_file = reader.file_field(user, "tokenFile", user_where);
-    config.tls.client_cert_file = reader.file_field(user, "client-certificate", user_where);
-    config.tls.client_cert_pem = reader.data_field(user, "client-certificate-data", user_where);
-    config.tls.client_key_file = reader.file_field(user, "client-key", user_where);
-    config.tls.client_key_pem = reader.data_field(user, "client-key-data", user_where);
-    const bool has_cert =
-        !config.tls.client_cert_file.empty() || !config.tls.client_cert_pem.empty();
-    const bool has_key = !config.tls.client_key_file.empty() || !config.tls.client_key_pem.empty();
-    if (has_cert != has_key) {
-      reader.fail(user_where + " has a client " + (has_cert ? "certificate" : "key") +
-                  " but no client " +
-                  (has_cert ? "key ('client-key' or 'client-key-data')"
-                            : "certificate ('client-certificate' or "
-                              "'client-certificate-data')"));
-    }
-    if (config.token.empty() && config.token_file.empty() && !has_cert) {
-      if (user["exec"] || user["auth-provider"]) {
-        reader.fail(user_where +
-                    " authenticates with an exec or auth-provider plugin, which longhaul does not "
-                    "run: use a 'token', 'tokenFile' or client certificate");
-      }
-      if (user["username"]) {
-        reader.fail(user_where +
-                    " uses basic auth, which longhaul does not support: use a "
-                    "'token', 'tokenFile' or client certificate");
-      }
-    }
-  }
+  if (!user_name.empty()) read_user(reader, user_name, context_where, config);
   return config;
 }
 
