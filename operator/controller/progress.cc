@@ -135,18 +135,98 @@ std::optional<MetricsEndpoint> metrics_endpoint(const json& pod) {
 
 namespace {
 
-class Socket {
+// A non-blocking TCP connection whose every step shares one deadline. Errors are Unavailable
+// naming `where` ("reading the chief's progress from http://10.0.0.7:9090/metrics: ...").
+class DeadlineConnection {
  public:
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() {
+  DeadlineConnection(std::string where, milliseconds timeout)
+      : where_(std::move(where)),
+        timeout_(timeout),
+        deadline_(std::chrono::steady_clock::now() + timeout) {}
+  ~DeadlineConnection() {
     if (fd_ >= 0) ::close(fd_);
   }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  int fd() const { return fd_; }
+  DeadlineConnection(const DeadlineConnection&) = delete;
+  DeadlineConnection& operator=(const DeadlineConnection&) = delete;
+
+  Unavailable fail(const std::string& what) const {
+    return Unavailable("reading the chief's progress from " + where_ + ": " + what);
+  }
+
+  // Connects to the numeric `host`:`port`.
+  void connect(const std::string& host, int port) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    const std::string service = std::to_string(port);
+    if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+      throw fail(std::string("not an IP address: ") + ::gai_strerror(rc));
+    }
+    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, ::freeaddrinfo);
+    fd_ = ::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) throw fail(std::string("socket: ") + std::strerror(errno));
+    if (::connect(fd_, found->ai_addr, found->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) throw fail(std::string("connect: ") + std::strerror(errno));
+      wait(POLLOUT);
+      int error = 0;
+      socklen_t len = sizeof error;
+      ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len);
+      if (error != 0) throw fail(std::string("connect: ") + std::strerror(error));
+    }
+  }
+
+  void send(const std::string& data) {
+    for (size_t sent = 0; sent < data.size();) {
+      wait(POLLOUT);
+      const ssize_t n = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        throw fail(std::string("send: ") + std::strerror(errno));
+      }
+      if (n > 0) sent += static_cast<size_t>(n);
+    }
+  }
+
+  // Everything until the peer closes, at most `max_bytes`.
+  std::string read_all(size_t max_bytes) {
+    std::string reply;
+    char buf[16384];
+    for (;;) {
+      wait(POLLIN);
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n == 0) return reply;
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) continue;
+        throw fail(std::string("recv: ") + std::strerror(errno));
+      }
+      reply.append(buf, static_cast<size_t>(n));
+      if (reply.size() > max_bytes) {
+        throw fail("answer larger than " + std::to_string(max_bytes >> 20) + " MiB");
+      }
+    }
+  }
 
  private:
-  int fd_;
+  // Until `events` are ready on the socket; throws once the deadline passed.
+  void wait(short events) {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(deadline_ - std::chrono::steady_clock::now());
+      if (left <= milliseconds(0)) {
+        throw fail("no answer within " + std::to_string(timeout_.count()) + " ms");
+      }
+      pollfd pfd{fd_, events, 0};
+      const int n = ::poll(&pfd, 1, static_cast<int>(left.count()) + 1);
+      if (n > 0) return;
+      if (n < 0 && errno != EINTR) throw fail(std::string("poll: ") + std::strerror(errno));
+    }
+  }
+
+  std::string where_;
+  milliseconds timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  int fd_ = -1;
 };
 
 }  // namespace
@@ -155,78 +235,20 @@ std::string fetch_metrics(const MetricsEndpoint& endpoint, milliseconds timeout)
   const bool v6 = endpoint.host.find(':') != std::string::npos;
   const std::string host_port =
       (v6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" + std::to_string(endpoint.port);
-  const std::string where = "http://" + host_port + "/metrics";
-  auto fail = [&](const std::string& what) -> Unavailable {
-    return Unavailable("reading the chief's progress from " + where + ": " + what);
-  };
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto wait = [&](int fd, short events) {
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left <= milliseconds(0)) {
-        throw fail("no answer within " + std::to_string(timeout.count()) + " ms");
-      }
-      pollfd pfd{fd, events, 0};
-      const int n = ::poll(&pfd, 1, static_cast<int>(left.count()) + 1);
-      if (n > 0) return;
-      if (n < 0 && errno != EINTR) throw fail(std::string("poll: ") + std::strerror(errno));
-    }
-  };
-
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(endpoint.port);
-  if (int rc = ::getaddrinfo(endpoint.host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    throw fail(std::string("not an IP address: ") + ::gai_strerror(rc));
-  }
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, ::freeaddrinfo);
-  Socket sock(::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (sock.fd() < 0) throw fail(std::string("socket: ") + std::strerror(errno));
-  if (::connect(sock.fd(), found->ai_addr, found->ai_addrlen) != 0) {
-    if (errno != EINPROGRESS) throw fail(std::string("connect: ") + std::strerror(errno));
-    wait(sock.fd(), POLLOUT);
-    int error = 0;
-    socklen_t len = sizeof error;
-    ::getsockopt(sock.fd(), SOL_SOCKET, SO_ERROR, &error, &len);
-    if (error != 0) throw fail(std::string("connect: ") + std::strerror(error));
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: " + host_port +
-                              "\r\nAccept: text/plain\r\nUser-Agent: longhaul-operator\r\n\r\n";
-  for (size_t sent = 0; sent < request.size();) {
-    wait(sock.fd(), POLLOUT);
-    const ssize_t n = ::send(sock.fd(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) {
-      throw fail(std::string("send: ") + std::strerror(errno));
-    }
-    if (n > 0) sent += static_cast<size_t>(n);
-  }
-  constexpr size_t kMaxBytes = 16u << 20;
-  std::string reply;
-  char buf[16384];
-  for (;;) {
-    wait(sock.fd(), POLLIN);
-    const ssize_t n = ::recv(sock.fd(), buf, sizeof buf, 0);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      throw fail(std::string("recv: ") + std::strerror(errno));
-    }
-    reply.append(buf, static_cast<size_t>(n));
-    if (reply.size() > kMaxBytes) throw fail("answer larger than 16 MiB");
-  }
+  DeadlineConnection connection("http://" + host_port + "/metrics", timeout);
+  connection.connect(endpoint.host, endpoint.port);
+  connection.send("GET /metrics HTTP/1.0\r\nHost: " + host_port +
+                  "\r\nAccept: text/plain\r\nUser-Agent: longhaul-operator\r\n\r\n");
+  const std::string reply = connection.read_all(16u << 20);
   // "HTTP/1.x 200 OK\r\n<headers>\r\n\r\n<body>"
   if (reply.size() < 12 || reply.compare(0, 5, "HTTP/") != 0) {
-    throw fail("not an HTTP answer");
+    throw connection.fail("not an HTTP answer");
   }
   const size_t space = reply.find(' ');
   const int status = space == std::string::npos ? 0 : std::atoi(reply.c_str() + space + 1);
-  if (status != 200) throw fail("HTTP status " + std::to_string(status));
+  if (status != 200) throw connection.fail("HTTP status " + std::to_string(status));
   const size_t header_end = reply.find("\r\n\r\n");
-  if (header_end == std::string::npos) throw fail("the answer has no end of headers");
+  if (header_end == std::string::npos) throw connection.fail("the answer has no end of headers");
   return reply.substr(header_end + 4);
 }
 
