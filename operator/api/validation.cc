@@ -128,27 +128,8 @@ std::map<std::string, long double> check_resource_list(const json& resources, co
   return out;
 }
 
-void check_container(const json& c, const std::string& path, const std::set<std::string>& volumes,
-                     std::set<std::string>& container_names, std::set<std::string>& port_names) {
-  if (!c.is_object()) fail(path, "must be an object");
-  const std::string name = string_at(c, "name", path, true);
-  if (!is_dns1123_label(name))
-    fail(path + ".name", "invalid container name \"" + name + "\": " + kDnsLabelRule);
-  if (!container_names.insert(name).second) {
-    fail(path + ".name",
-         "duplicate container name \"" + name + "\": give every container its own name");
-  }
-  const std::string image = string_at(c, "image", path, false);
-  if (image.empty()) fail(path + ".image", "is required");
-  if (image.find_first_of(" \t\r\n") == 0 || image.find_last_of(" \t\r\n") == image.size() - 1) {
-    fail(path + ".image", "must not have leading or trailing whitespace");
-  }
-  if (const std::string policy = string_at(c, "imagePullPolicy", path, false);
-      !policy.empty() && policy != "Always" && policy != "IfNotPresent" && policy != "Never") {
-    fail(path + ".imagePullPolicy",
-         "unsupported value \"" + policy + "\": must be Always, IfNotPresent or Never");
-  }
-
+// containers[].ports: names unique in the pod (`port_names`), valid port numbers and protocols.
+void check_ports(const json& c, const std::string& path, std::set<std::string>& port_names) {
   const json& ports = array_at(c, "ports", path);
   for (size_t i = 0; i < ports.size(); ++i) {
     const json& port = ports[i];
@@ -178,7 +159,10 @@ void check_container(const json& c, const std::string& path, const std::set<std:
       fail(pp + ".protocol", "unsupported value \"" + proto + "\": must be TCP, UDP or SCTP");
     }
   }
+}
 
+// containers[].env: valid names, string values.
+void check_env(const json& c, const std::string& path) {
   const json& env = array_at(c, "env", path);
   for (size_t i = 0; i < env.size(); ++i) {
     const std::string ep = path + ".env[" + std::to_string(i) + "]";
@@ -190,7 +174,11 @@ void check_container(const json& c, const std::string& path, const std::set<std:
       fail(ep + ".value", "must be a string (quote numbers and booleans in YAML: \"1\")");
     }
   }
+}
 
+// containers[].resources: valid quantities; requests within limits; extended resources whole
+// and not overcommitted.
+void check_resources(const json& c, const std::string& path) {
   if (const json* res = field(c, "resources")) {
     const std::string rp = path + ".resources";
     if (!res->is_object()) fail(rp, "must be an object");
@@ -212,7 +200,11 @@ void check_container(const json& c, const std::string& path, const std::set<std:
       }
     }
   }
+}
 
+// containers[].volumeMounts: each names a volume of the pod (`volumes`), paths unique.
+void check_volume_mounts(const json& c, const std::string& path,
+                         const std::set<std::string>& volumes) {
   std::set<std::string> mount_paths;
   const json& mounts = array_at(c, "volumeMounts", path);
   for (size_t i = 0; i < mounts.size(); ++i) {
@@ -230,6 +222,32 @@ void check_container(const json& c, const std::string& path, const std::set<std:
            "\"" + mount_path + "\" is mounted twice in this container: mount paths must be unique");
     }
   }
+}
+
+void check_container(const json& c, const std::string& path, const std::set<std::string>& volumes,
+                     std::set<std::string>& container_names, std::set<std::string>& port_names) {
+  if (!c.is_object()) fail(path, "must be an object");
+  const std::string name = string_at(c, "name", path, true);
+  if (!is_dns1123_label(name))
+    fail(path + ".name", "invalid container name \"" + name + "\": " + kDnsLabelRule);
+  if (!container_names.insert(name).second) {
+    fail(path + ".name",
+         "duplicate container name \"" + name + "\": give every container its own name");
+  }
+  const std::string image = string_at(c, "image", path, false);
+  if (image.empty()) fail(path + ".image", "is required");
+  if (image.find_first_of(" \t\r\n") == 0 || image.find_last_of(" \t\r\n") == image.size() - 1) {
+    fail(path + ".image", "must not have leading or trailing whitespace");
+  }
+  if (const std::string policy = string_at(c, "imagePullPolicy", path, false);
+      !policy.empty() && policy != "Always" && policy != "IfNotPresent" && policy != "Never") {
+    fail(path + ".imagePullPolicy",
+         "unsupported value \"" + policy + "\": must be Always, IfNotPresent or Never");
+  }
+  check_ports(c, path, port_names);
+  check_env(c, path);
+  check_resources(c, path);
+  check_volume_mounts(c, path, volumes);
 }
 
 }  // namespace
