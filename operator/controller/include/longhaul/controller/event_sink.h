@@ -7,7 +7,6 @@
 #pragma once
 
 #include <memory>
-#include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -16,14 +15,12 @@
 
 namespace longhaul::controller {
 
-using json = nlohmann::json;
-
 class EventSink {
  public:
   virtual ~EventSink() = default;
   // type: "Normal" or "Warning".
-  virtual void record(const json& involved_object, std::string_view type, std::string_view reason,
-                      std::string_view message) = 0;
+  virtual void record(const nlohmann::json& involved_object, std::string_view type,
+                      std::string_view reason, std::string_view message) = 0;
 };
 
 // Records through operator/kube's EventRecorder (aggregates repeats into one Event with a count).
@@ -31,7 +28,7 @@ class RecorderEventSink : public EventSink {
  public:
   explicit RecorderEventSink(std::shared_ptr<kube::EventRecorder> recorder)
       : recorder_(std::move(recorder)) {}
-  void record(const json& involved_object, std::string_view type, std::string_view reason,
+  void record(const nlohmann::json& involved_object, std::string_view type, std::string_view reason,
               std::string_view message) override {
     recorder_->record(involved_object, type, reason, message);
   }
