@@ -7,28 +7,12 @@
 #include "longhaul/base/error.h"
 #include "longhaul/controller/children.h"
 #include "longhaul/kube/stop.h"
-#include "memory_client.h"
+#include "reconciler_harness.h"
 
 namespace longhaul::controller {
 namespace {
 
 namespace res = kube::resources;
-
-class RecordingEvents : public EventSink {
- public:
-  void record(const json&, std::string_view type, std::string_view reason,
-              std::string_view message) override {
-    std::lock_guard lock(mu);
-    reasons.push_back(std::string(reason));
-    messages.push_back(std::string(type) + " " + std::string(reason) + ": " + std::string(message));
-  }
-  bool saw(std::string_view reason) {
-    std::lock_guard lock(mu);
-    return std::find(reasons.begin(), reasons.end(), reason) != reasons.end();
-  }
-  std::mutex mu;
-  std::vector<std::string> reasons, messages;
-};
 
 json default_spec() {
   return json::parse(R"({
@@ -41,14 +25,12 @@ json default_spec() {
   })");
 }
 
-class ReconcilerTest : public ::testing::Test {
+class ReconcilerTest : public testing::ReconcilerHarness {
  protected:
   ReconcilerTest() { reconciler = make_reconciler(); }
 
   std::unique_ptr<Reconciler> make_reconciler() {
-    ReconcilerOptions o;
-    o.now = [this] { return now; };
-    o.jitter01 = [] { return 0.0; };
+    ReconcilerOptions o = base_options();
     // The chief's /metrics (progress.h), as the test sets them.
     o.progress.fetch = [this](const MetricsEndpoint& e, std::chrono::milliseconds) {
       std::lock_guard lock(chief_mu);
@@ -71,69 +53,7 @@ class ReconcilerTest : public ::testing::Test {
     return reconcile();
   }
 
-  void create_job(const json& spec) {
-    client.create(res::kTrainingJobs, "ns",
-                  {{"apiVersion", "longhaul.dev/v1alpha1"},
-                   {"kind", "TrainingJob"},
-                   {"metadata", {{"name", "j"}, {"namespace", "ns"}}},
-                   {"spec", spec}});
-  }
-
-  ReconcileResult reconcile() { return reconciler->reconcile("ns", "j"); }
-
-  // Reconciles until a pass writes nothing (at most 20 passes); returns the passes that wrote.
-  int settle() {
-    for (int i = 0; i < 20; ++i) {
-      const int before = client.writes();
-      reconcile();
-      if (client.writes() == before) return i;
-    }
-    ADD_FAILURE() << "the reconciler did not converge in 20 passes";
-    return 20;
-  }
-
-  api::TrainingJobStatus status() {
-    return api::parse_status(client.get(res::kTrainingJobs, "ns", "j").value("status", json{}));
-  }
-  json pod(const std::string& name) { return client.get(res::kPods, "ns", name); }
   json status_json() { return client.get(res::kTrainingJobs, "ns", "j")["status"]; }
-  std::vector<std::string> pod_names() {
-    std::vector<std::string> names;
-    for (const json& p : client.all(res::kPods, "ns")) names.push_back(p["metadata"]["name"]);
-    return names;
-  }
-
-  void set_phase(const std::string& name, const std::string& phase, int exit_code = 0,
-                 const json& extra = json::object()) {
-    json p = pod(name);
-    p["status"] = {{"phase", phase}};
-    if (phase == "Running") {
-      p["status"]["conditions"] = {{{"type", "Ready"}, {"status", "True"}}};
-    }
-    if (phase == "Failed" || phase == "Succeeded") {
-      p["status"]["containerStatuses"] = {
-          {{"name", "trainer"}, {"state", {{"terminated", {{"exitCode", exit_code}}}}}}};
-    }
-    p["status"].merge_patch(extra);
-    client.put(res::kPods, p);
-  }
-  void run_all() {
-    for (const std::string& n : pod_names()) {
-      if (pod(n).value("status", json::object()).value("phase", "") != "Running")
-        set_phase(n, "Running");
-    }
-  }
-  void preempt(const std::string& name) {
-    set_phase(name, "Failed", 143,
-              {{"conditions",
-                {{{"type", "DisruptionTarget"},
-                  {"status", "True"},
-                  {"reason", "PreemptionByScheduler"}}}}});
-  }
-  std::string uid(const std::string& name) { return pod(name)["metadata"]["uid"]; }
-  std::string attempt(const std::string& name) {
-    return pod(name)["metadata"]["annotations"]["longhaul.dev/restart-attempt"];
-  }
   void start_running() {
     settle();
     run_all();
@@ -145,11 +65,6 @@ class ReconcilerTest : public ::testing::Test {
   std::optional<std::string> chief_metrics;  // nullopt: the chief is unreachable
   int chief_reads = 0;
   MetricsEndpoint read_from;
-
-  testing::MemoryClient client;
-  RecordingEvents events;
-  api::Time now = api::parse_time("2026-11-21T13:00:00Z");
-  std::unique_ptr<Reconciler> reconciler;
 };
 
 TEST_F(ReconcilerTest, MissingJobIsDone) {

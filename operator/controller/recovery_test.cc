@@ -6,29 +6,13 @@
 
 #include "longhaul/controller/reconciler.h"
 #include "longhaul/controller/recovery_policy.h"
-#include "memory_client.h"
+#include "reconciler_harness.h"
 
 namespace longhaul::controller {
 namespace {
 
 namespace res = kube::resources;
 using std::chrono::seconds;
-
-class Events : public EventSink {
- public:
-  void record(const json&, std::string_view, std::string_view reason,
-              std::string_view message) override {
-    std::lock_guard lock(mu);
-    reasons.push_back(std::string(reason));
-    messages.push_back(std::string(reason) + ": " + std::string(message));
-  }
-  int count(std::string_view reason) {
-    std::lock_guard lock(mu);
-    return static_cast<int>(std::count(reasons.begin(), reasons.end(), reason));
-  }
-  std::mutex mu;
-  std::vector<std::string> reasons, messages;
-};
 
 // A chief and two workers; restartScope left to its default (Replica).
 json replica_spec() {
@@ -43,46 +27,14 @@ json replica_spec() {
   })");
 }
 
-class RecoveryTest : public ::testing::Test {
+class RecoveryTest : public testing::ReconcilerHarness {
  protected:
   RecoveryTest() { reconciler = make_reconciler(); }
 
   std::unique_ptr<Reconciler> make_reconciler() {
-    ReconcilerOptions o;
-    o.now = [this] { return now; };
-    o.jitter01 = [] { return 0.0; };
+    ReconcilerOptions o = base_options();
     o.on_recovery = [this](double s) { recovery_seconds.push_back(s); };
     return std::make_unique<Reconciler>(client, nullptr, &events, o);
-  }
-  void create_job(const json& spec) {
-    client.create(res::kTrainingJobs, "ns",
-                  {{"apiVersion", "longhaul.dev/v1alpha1"},
-                   {"kind", "TrainingJob"},
-                   {"metadata", {{"name", "j"}, {"namespace", "ns"}}},
-                   {"spec", spec}});
-  }
-  ReconcileResult reconcile() { return reconciler->reconcile("ns", "j"); }
-  int settle() {
-    for (int i = 0; i < 20; ++i) {
-      const int before = client.writes();
-      reconcile();
-      if (client.writes() == before) return i;
-    }
-    ADD_FAILURE() << "the reconciler did not converge in 20 passes";
-    return 20;
-  }
-  api::TrainingJobStatus status() {
-    return api::parse_status(client.get(res::kTrainingJobs, "ns", "j").value("status", json{}));
-  }
-  json pod(const std::string& name) { return client.get(res::kPods, "ns", name); }
-  std::vector<std::string> pod_names() {
-    std::vector<std::string> names;
-    for (const json& p : client.all(res::kPods, "ns")) names.push_back(p["metadata"]["name"]);
-    return names;
-  }
-  std::string uid(const std::string& name) { return pod(name)["metadata"]["uid"]; }
-  std::string attempt(const std::string& name) {
-    return pod(name)["metadata"]["annotations"]["longhaul.dev/restart-attempt"];
   }
   std::string env(const std::string& name, const std::string& var) {
     const json p = pod(name);
@@ -90,31 +42,6 @@ class RecoveryTest : public ::testing::Test {
       if (e["name"] == var) return e["value"];
     }
     return "";
-  }
-  void set_phase(const std::string& name, const std::string& phase, int exit_code = 0,
-                 const json& extra = json::object()) {
-    json p = pod(name);
-    p["status"] = {{"phase", phase}};
-    if (phase == "Running") p["status"]["conditions"] = {{{"type", "Ready"}, {"status", "True"}}};
-    if (phase == "Failed") {
-      p["status"]["containerStatuses"] = {
-          {{"name", "trainer"}, {"state", {{"terminated", {{"exitCode", exit_code}}}}}}};
-    }
-    p["status"].merge_patch(extra);
-    client.put(res::kPods, p);
-  }
-  void run_all() {
-    for (const std::string& n : pod_names()) {
-      if (pod(n).value("status", json::object()).value("phase", "") != "Running")
-        set_phase(n, "Running");
-    }
-  }
-  void preempt(const std::string& name) {
-    set_phase(name, "Failed", 143,
-              {{"conditions",
-                {{{"type", "DisruptionTarget"},
-                  {"status", "True"},
-                  {"reason", "PreemptionByScheduler"}}}}});
   }
   void start_running() {
     create_job(replica_spec());
@@ -143,11 +70,7 @@ class RecoveryTest : public ::testing::Test {
     return api::find_condition(s, api::condition::kRecovering);
   }
 
-  testing::MemoryClient client;
-  Events events;
   std::vector<double> recovery_seconds;
-  api::Time now = api::parse_time("2026-11-21T13:00:00Z");
-  std::unique_ptr<Reconciler> reconciler;
 };
 
 TEST_F(RecoveryTest, PreemptedWorkerIsReplacedAloneAndTheRecoveryIsMeasured) {
