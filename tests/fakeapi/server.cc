@@ -547,6 +547,15 @@ DeleteOptions delete_options(const http::Request& request) {
   return options;
 }
 
+// The Status a subresource create (binding, eviction) answers with.
+json created_status() {
+  return {{"kind", "Status"},
+          {"apiVersion", "v1"},
+          {"metadata", json::object()},
+          {"status", "Success"},
+          {"code", 201}};
+}
+
 json parse_body(const http::Request& request) {
   std::string content_type = request.header("content-type");
   if (content_type.find("protobuf") != std::string::npos ||
@@ -588,25 +597,13 @@ void FakeApiServer::Impl::serve_resource(const http::Request& request, const Rou
                             "Required value");
     }
     store.bind_pod(r.ns, r.name, node);
-    send_json(connection, 201,
-              {{"kind", "Status"},
-               {"apiVersion", "v1"},
-               {"metadata", json::object()},
-               {"status", "Success"},
-               {"code", 201}},
-              record);
+    send_json(connection, 201, created_status(), record);
   } else if (r.verb == "create" && r.subresource == "eviction") {
     json body = request.body.empty() ? json::object() : json::parse(request.body);
     http::Request inner;
     if (body.contains("deleteOptions")) inner.body = body["deleteOptions"].dump();
     store.evict_pod(r.ns, r.name, delete_options(inner));
-    send_json(connection, 201,
-              {{"kind", "Status"},
-               {"apiVersion", "v1"},
-               {"metadata", json::object()},
-               {"status", "Success"},
-               {"code", 201}},
-              record);
+    send_json(connection, 201, created_status(), record);
   } else if (r.verb == "create") {
     send_json(connection, 201, store.create(type, r.ns, parse_body(request)), record);
   } else if (r.verb == "update") {
