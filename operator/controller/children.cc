@@ -102,15 +102,14 @@ json owner_reference(const json& job) {
           {"blockOwnerDeletion", true}};
 }
 
-json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaType type, int index,
-               int64_t restart_attempt, std::optional<int64_t> rendezvous_attempt) {
+namespace {
+
+// The pod's metadata: the template's labels and annotations (never its name, namespace or other
+// identity), the job's labels, the restart-attempt annotation and the controller reference.
+json pod_metadata(const json& job, const api::ReplicaSpec& replica, api::ReplicaType type,
+                  int index, const std::string& name, bool is_chief, int64_t restart_attempt) {
   const std::string job_n = job_name(job);
   const std::string ns = job_namespace(job);
-  const api::ReplicaSpec& replica = spec.replica_specs.at(type);
-  const std::string name = pod_name(job_n, type, index);
-  const auto chief = spec.chief();
-  const bool is_chief = chief && chief->first == type && chief->second == index;
-
   json metadata = replica.pod_template.value("metadata", json::object());
   if (!metadata.is_object()) metadata = json::object();
   // A template's name/namespace/uid/etc. never carry over to the pod.
@@ -130,21 +129,16 @@ json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaTy
   if (!annotations.is_object()) annotations = json::object();
   annotations[api::kAnnotationRestartAttempt] = std::to_string(restart_attempt);
   metadata["ownerReferences"] = json::array({owner_reference(job)});
+  return metadata;
+}
 
-  json pod_spec = replica.pod_template.value("spec", json::object());
-  pod_spec["hostname"] = name;
-  pod_spec["subdomain"] = service_name(job_n);
-  pod_spec["restartPolicy"] =
-      replica.restart_policy == api::RestartPolicy::kOnFailure ? "OnFailure" : "Never";
-  json& volumes = pod_spec["volumes"];
-  if (!volumes.is_array()) volumes = json::array();
-  bool has_volume = false;
-  for (const json& v : volumes) has_volume |= v.value("name", "") == kLogdirVolume;
-  if (!has_volume) {
-    volumes.push_back({{"name", kLogdirVolume},
-                       {"persistentVolumeClaim", {{"claimName", claim_name(job_n, spec)}}}});
-  }
-
+// Every container's and init container's environment for its place in the group (TF_CONFIG and
+// the LONGHAUL_* variables) and the logdir mount.
+void set_replica_env(json& pod_spec, const json& job, const api::TrainingJobSpec& spec,
+                     api::ReplicaType type, int index, int64_t restart_attempt_env) {
+  const std::string job_n = job_name(job);
+  const std::string ns = job_namespace(job);
+  const auto chief = spec.chief();
   // Ranks: chief first, then the workers in index order.
   int chiefs = 0, workers = 0;
   if (auto it = spec.replica_specs.find(api::ReplicaType::kChief); it != spec.replica_specs.end()) {
@@ -175,12 +169,39 @@ json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaTy
       set_env(c, "LONGHAUL_RANK", std::to_string(rank));
       set_env(c, "LONGHAUL_WORLD_SIZE", std::to_string(chiefs + workers));
       set_env(c, "LONGHAUL_CHIEF_ADDRESS", chief_address);
-      set_env(c, "LONGHAUL_RESTART_ATTEMPT",
-              std::to_string(rendezvous_attempt.value_or(restart_attempt)));
+      set_env(c, "LONGHAUL_RESTART_ATTEMPT", std::to_string(restart_attempt_env));
       set_env(c, "LONGHAUL_LOGDIR", spec.logdir.mount_path);
       add_mount(c, spec.logdir.mount_path);
     }
   }
+}
+
+}  // namespace
+
+json build_pod(const json& job, const api::TrainingJobSpec& spec, api::ReplicaType type, int index,
+               int64_t restart_attempt, std::optional<int64_t> rendezvous_attempt) {
+  const std::string job_n = job_name(job);
+  const api::ReplicaSpec& replica = spec.replica_specs.at(type);
+  const std::string name = pod_name(job_n, type, index);
+  const auto chief = spec.chief();
+  const bool is_chief = chief && chief->first == type && chief->second == index;
+  json metadata = pod_metadata(job, replica, type, index, name, is_chief, restart_attempt);
+
+  json pod_spec = replica.pod_template.value("spec", json::object());
+  pod_spec["hostname"] = name;
+  pod_spec["subdomain"] = service_name(job_n);
+  pod_spec["restartPolicy"] =
+      replica.restart_policy == api::RestartPolicy::kOnFailure ? "OnFailure" : "Never";
+  json& volumes = pod_spec["volumes"];
+  if (!volumes.is_array()) volumes = json::array();
+  bool has_volume = false;
+  for (const json& v : volumes) has_volume |= v.value("name", "") == kLogdirVolume;
+  if (!has_volume) {
+    volumes.push_back({{"name", kLogdirVolume},
+                       {"persistentVolumeClaim", {{"claimName", claim_name(job_n, spec)}}}});
+  }
+
+  set_replica_env(pod_spec, job, spec, type, index, rendezvous_attempt.value_or(restart_attempt));
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
 }
 
