@@ -185,6 +185,55 @@ std::optional<std::filesystem::path> Supervisor::commit_checkpoint_as_successor(
   return file;
 }
 
+void Supervisor::promote_to_chief(TrainingState& state, std::chrono::milliseconds lock_wait) {
+  if (!in_session_.load() || state_ != &state) {
+    throw FailedPrecondition("promote_to_chief is called inside managed_session, with its state");
+  }
+  if (options_.is_chief) throw FailedPrecondition("promote_to_chief called on the chief");
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + lock_wait;
+  file::ensure_writable_directory(options_.logdir, "logdir");
+  while (lock_fd_ < 0) {
+    try {
+      lock_logdir();
+    } catch (const AlreadyExists& e) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Aborted("cannot take over as chief: " + std::string(e.what()) +
+                      ". The replica that was chief may still be alive (a network partition); "
+                      "exit 138 so the whole group restarts");
+      }
+      // The lost chief's process may still be exiting; its flock goes with it.
+      if (coord_.wait_for_stop(std::chrono::milliseconds(50))) {
+        throw Cancelled("stop requested while taking over as chief");
+      }
+    }
+  }
+  if (!manager_) {
+    manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
+        options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
+        options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
+  }
+  options_.is_chief = true;
+  session_start_checkpoint_ = -1;
+  std::optional<CheckpointEntry> latest;
+  for (const CheckpointEntry& e : manager_->checkpoints()) {
+    if (!latest || e.step > latest->step) latest = e;
+  }
+  if (latest) {
+    session_start_checkpoint_ = latest->step;
+    last_saved_step_.store(latest->step);
+    const RestoredCheckpoint found = describe_restored(*manager_, latest->file, latest->step);
+    for (auto* l : options_.checkpoint_listeners) l->on_chief_role_taken(found);
+  }
+  start_services(state);
+  LH_LOG(WARNING)
+      << "took over as chief: checkpoints and events are written here from now on"
+      << kv("step", state.global_step()) << kv("events_file", events_file().string())
+      << kv("latest_checkpoint_step", latest ? latest->step : int64_t{-1})
+      << kv("seconds",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
 Supervisor::~Supervisor() {
   // Threads that outlived a stop grace period may still touch the members below: wait for them
   // before anything is destroyed.
@@ -236,6 +285,7 @@ void Supervisor::prepare_chief(TrainingState& state) {
     state.restore(*reader);
     restored_step_ = state.global_step();
     last_saved_step_ = *restored_step_;
+    session_start_checkpoint_ = *restored_step_;
     LH_LOG(INFO) << "restored checkpoint" << kv("path", reader->path())
                  << kv("step", *restored_step_);
     const RestoredCheckpoint restored =
@@ -441,6 +491,7 @@ void Supervisor::managed_session(TrainingState& state,
     checkpoint_due_.store(0);
   }
   restored_step_.reset();
+  session_start_checkpoint_ = -1;
   state_ = &state;
 
   // 1-2. Restore or initialise; readiness. Nothing is running yet, errors propagate directly,
@@ -507,8 +558,7 @@ void Supervisor::finish_session(TrainingState& state, bool clean_end) {
   if (checkpointer_) {
     checkpointer_->stop();  // finishes the in-flight and final writes
     const auto committed = checkpointer_->last_stats();
-    const int64_t committed_step =
-        committed ? committed->step : restored_step_.value_or(int64_t{-1});
+    const int64_t committed_step = committed ? committed->step : session_start_checkpoint_;
     if (clean_end && options_.checkpoint_on_stop && committed_step != state.global_step()) {
       std::string why = "it was not written";
       if (auto error = checkpointer_->last_error()) why = describe(error);

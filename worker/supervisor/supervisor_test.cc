@@ -125,6 +125,68 @@ TEST(Supervisor, StateFromPeersReadsNoCheckpointAndASuccessorCommitsOnlyWhenTheL
   EXPECT_EQ(read_checkpoint_state(dir.path()).value().model_checkpoint_path, "model.ckpt-6");
 }
 
+// Chief promotion (worker/distributed/README.md): a worker whose chief was lost takes over the
+// chief's writes in the middle of its session, but never while the chief still holds the
+// writer lock; it removes the chief's half-written checkpoint, opens its own events file at the
+// step it took over and ends the session with the final checkpoint.
+TEST(Supervisor, PromotedWorkerTakesOverTheChiefsWritesOnlyOnceTheChiefIsGone) {
+  TempDir dir;
+  ToyState chief_state;
+  auto chief = std::make_unique<Supervisor>(quiet_options(dir.path()));
+  chief->managed_session(chief_state, train(chief_state, 4));  // final checkpoint at step 4
+  const auto half_written = dir.path() / "model.ckpt-5.safetensors.tmp.12345.0";
+  testing::write_bytes(half_written, "the chief died here");
+  struct Listener : CheckpointListener {
+    void on_saved(const CheckpointStats& s) override { saved.push_back(s.step); }
+    void on_restored(const RestoredCheckpoint&) override { ++restores; }
+    void on_chief_role_taken(const RestoredCheckpoint& latest) override { taken = latest.step; }
+    std::vector<int64_t> saved;
+    int restores = 0;
+    int64_t taken = -1;
+  } listener;
+  auto opts = quiet_options(dir.path());
+  opts.is_chief = false;
+  opts.checkpoint_listeners = {&listener};
+  opts.state_from_peers = [](TrainingState& s) {
+    auto& toy = static_cast<ToyState&>(s);
+    toy.initialize();
+    for (int i = 0; i < 4; ++i) toy.train_step();
+  };
+  ToyState state;
+  Supervisor worker(opts);
+  EXPECT_THROW(worker.promote_to_chief(state, std::chrono::seconds(1)), FailedPrecondition)
+      << "only inside a session";
+  worker.managed_session(state, [&](Supervisor& sv) {
+    train(state, 2)(sv);  // step 6: the worker ran on with the others
+    EXPECT_TRUE(sv.events_file().empty());
+    EXPECT_THROW(sv.promote_to_chief(state, std::chrono::milliseconds(100)), Aborted)
+        << "the chief is alive: never two writers";
+    EXPECT_FALSE(sv.is_chief());
+    EXPECT_TRUE(std::filesystem::exists(half_written));
+    chief.reset();  // the chief is gone, its lock with it
+    sv.promote_to_chief(state, std::chrono::seconds(10));
+    EXPECT_TRUE(sv.is_chief());
+    EXPECT_FALSE(std::filesystem::exists(half_written));
+    EXPECT_FALSE(sv.events_file().empty());
+    EXPECT_THROW(sv.promote_to_chief(state, std::chrono::seconds(1)), FailedPrecondition);
+    train(state, 3)(sv);  // step 9
+  });
+  EXPECT_EQ(listener.taken, 4) << "the checkpoint gauges show the chief's latest at once";
+  EXPECT_EQ(listener.restores, 0) << "nothing was read";
+  EXPECT_EQ(listener.saved, std::vector<int64_t>{9}) << "the session ends as a chief's";
+  EXPECT_EQ(read_checkpoint_state(dir.path()).value().model_checkpoint_path, "model.ckpt-9");
+  EXPECT_EQ(list_events_files(dir.path()).size(), 2u) << "one events file per writer";
+  // The chief's session (START 0, its checkpoint, STOP 4), then the new chief's from the step it
+  // took over.
+  EXPECT_EQ(session_logs(dir.path()),
+            (std::vector<std::pair<int, int64_t>>{{tensorboard::SessionLog::START, 0},
+                                                  {tensorboard::SessionLog::CHECKPOINT, 4},
+                                                  {tensorboard::SessionLog::STOP, 4},
+                                                  {tensorboard::SessionLog::START, 6},
+                                                  {tensorboard::SessionLog::CHECKPOINT, 9},
+                                                  {tensorboard::SessionLog::STOP, 9}}));
+}
+
 TEST(Supervisor, RestoresTheLatestCheckpointAndSkipsInitFn) {
   TempDir dir;
   {

@@ -48,6 +48,9 @@ class CheckpointListener {
   virtual ~CheckpointListener() = default;
   virtual void on_saved(const CheckpointStats& stats) = 0;
   virtual void on_restored(const RestoredCheckpoint& restored) = 0;
+  // This process took over the chief role mid-run (Supervisor::promote_to_chief); `latest` is
+  // the logdir's latest checkpoint, committed by the lost chief (nothing was read).
+  virtual void on_chief_role_taken(const RestoredCheckpoint& latest) { (void)latest; }
 };
 
 // One background writer thread and two reusable Snapshot slots. The training thread calls

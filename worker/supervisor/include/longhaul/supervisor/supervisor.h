@@ -190,6 +190,22 @@ class Supervisor {
   // the chief (whose final checkpoint is managed_session's).
   std::optional<std::filesystem::path> commit_checkpoint_as_successor(TrainingState& state);
 
+  // Chief promotion (worker/distributed/README.md, "Chief promotion"): a non-chief whose
+  // data-parallel group lost its chief takes over the chief's writes, mid-session, on the
+  // training thread, between steps. In order: takes the logdir's writer lock, retrying until
+  // `lock_wait` passes (the lost chief's flock goes with its process, however it died); removes
+  // the temp files a write cut short left behind (a chief killed mid-checkpoint); reads the
+  // checkpoint state (the latest committed checkpoint stays the restart point, and the final
+  // checkpoint is skipped when it is at the current step already); opens a NEW events file whose
+  // SessionLog START at the current step makes TensorBoard drop whatever the lost chief logged
+  // at later steps; starts the checkpoint, summary and step-counter services. Afterwards
+  // is_chief() is true and the session ends as a chief's (final checkpoint). The lost chief's
+  // events file is left as it was: exactly one process writes events at any time.
+  // Throws FailedPrecondition outside managed_session or on a chief; Aborted when the lock is
+  // still held after `lock_wait` (a live writer, e.g. a partitioned old chief: never two writers
+  // in one logdir); I/O errors as they come.
+  void promote_to_chief(TrainingState& state, std::chrono::milliseconds lock_wait);
+
  private:
   static constexpr int kPeriodic = 1;
   static constexpr int kForced = 2;
@@ -214,6 +230,9 @@ class Supervisor {
   std::optional<int64_t> restored_step_;
   std::atomic<bool> in_session_{false};
   std::exception_ptr final_checkpoint_error_;
+  // The step of the checkpoint the session started from (restored, or the latest one a promoted
+  // chief found); -1: none. Training thread only.
+  int64_t session_start_checkpoint_ = -1;
   int lock_fd_ = -1;          // the writer lock (chief only), closed by the destructor
   void lock_logdir();         // training thread only: set by finish_session
   int sessions_started_ = 0;  // training thread only
