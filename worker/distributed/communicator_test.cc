@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <latch>
+#include <optional>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -387,6 +388,36 @@ TEST_F(CommunicatorTest, AnyStopEndsEveryRankAndTellsWhoStopped) {
     EXPECT_FALSE(dp.any_stop(false));
     EXPECT_TRUE(dp.any_stop(rank == 2));
     EXPECT_EQ(dp.stop_requested_by_peer(), rank != 2);
+  });
+}
+
+// Chief promotion (data_parallel.h): the chief role is agreed at each (re)formation. It stays
+// with a surviving chief, moves to the lowest surviving rank when the chief is the one lost, and
+// never goes to a replacement (a process without state) while a survivor exists.
+TEST_F(CommunicatorTest, ChiefRoleStaysWithASurvivorAndMovesToTheLowestSurvivorWhenLost) {
+  using Steps = std::vector<std::optional<int64_t>>;  // per rank; nullopt: a fresh process
+  struct Formation {
+    const char* what;
+    Steps steps;
+    int chief, root;
+    int64_t step;
+  };
+  const std::vector<Formation> formations = {
+      {"fresh start", {std::nullopt, std::nullopt, std::nullopt, std::nullopt}, 0, 0, -1},
+      {"chief lost at 40/41", {std::nullopt, 40, 41, 40}, 1, 2, 41},
+      {"worker 3 lost: the surviving chief keeps the role", {50, 50, 50, std::nullopt}, 1, 0, 50},
+      {"chief lost again: the lowest survivor", {61, std::nullopt, 61, 60}, 0, 0, 61},
+  };
+  run_group(4, [&](int rank, Communicator& comm) {
+    DataParallel dp(std::make_unique<ProxyCommunicator>(comm));
+    for (const Formation& f : formations) {
+      const StateSource source = dp.agree_state_source(f.steps[static_cast<size_t>(rank)]);
+      EXPECT_EQ(source.chief, f.chief) << f.what << ", rank " << rank;
+      EXPECT_EQ(source.root, f.root) << f.what << ", rank " << rank;
+      EXPECT_EQ(source.step, f.step) << f.what << ", rank " << rank;
+      EXPECT_EQ(dp.chief_rank(), f.chief) << f.what << ", rank " << rank;
+      EXPECT_EQ(dp.is_chief(), rank == f.chief) << f.what << ", rank " << rank;
+    }
   });
 }
 

@@ -437,34 +437,50 @@ StateSource DataParallel::agree_state_source(std::optional<int64_t> completed_st
   if (world_size() == 1) {
     source.step = completed_step.value_or(-1);
     source.survivors = completed_step.has_value();
+    chief_ = 0;
     return source;
   }
   quiesce();
   // world_size steps, then the recovery policy twice (max and -min): replicas that disagree
-  // on supervisor.on_peer_loss would issue different collectives after a loss.
+  // on supervisor.on_peer_loss would issue different collectives after a loss; then one chief
+  // claim per rank (1 on the replica that holds the role and kept its state).
   const auto w = static_cast<size_t>(world_size());
-  std::vector<int64_t> steps(w + 2, -2);
-  steps[static_cast<size_t>(rank())] = completed_step.value_or(-1);
+  std::vector<int64_t> votes(2 * w + 2, -2);
+  votes[static_cast<size_t>(rank())] = completed_step.value_or(-1);
   const int64_t policy = regroup_enabled_ ? 1 : 0;
-  steps[w] = policy;
-  steps[w + 1] = -policy;
-  group().allreduce_max(steps);
-  if (steps[w] != -steps[w + 1]) {
+  votes[w] = policy;
+  votes[w + 1] = -policy;
+  for (size_t r = 0; r < w; ++r) votes[w + 2 + r] = 0;
+  votes[w + 2 + static_cast<size_t>(rank())] = completed_step && is_chief() ? 1 : 0;
+  group().allreduce_max(votes);
+  if (votes[w] != -votes[w + 1]) {
     throw InvalidArgument("rank " + std::to_string(rank()) + " runs with supervisor.on_peer_loss " +
                           (policy ? "regroup" : "exit") +
                           " but another replica does not: give every replica the same "
                           "supervisor.on_peer_loss");
   }
-  steps.resize(w);
+  int surviving_chief = -1, lowest_survivor = -1;
   for (int r = 0; r < world_size(); ++r) {
-    const int64_t s = steps[static_cast<size_t>(r)];
-    if (s >= 0) source.survivors = true;
+    const int64_t s = votes[static_cast<size_t>(r)];
+    if (s >= 0) {
+      source.survivors = true;
+      if (lowest_survivor < 0) lowest_survivor = r;
+      if (surviving_chief < 0 && votes[w + 2 + static_cast<size_t>(r)] == 1) surviving_chief = r;
+    }
     if (s > source.step) {
       source.step = s;
       source.root = r;
     }
   }
   if (!source.survivors) source.root = 0;
+  source.chief = surviving_chief >= 0 ? surviving_chief : std::max(lowest_survivor, 0);
+  if (completed_step && source.chief != chief_) {  // a survivor saw its chief go
+    LH_LOG(WARNING) << "the chief was lost: the lowest surviving rank takes the chief role "
+                       "(checkpoints, events, training.done); ranks and data shards are unchanged"
+                    << kv("rank", rank()) << kv("lost_chief_rank", chief_)
+                    << kv("chief_rank", source.chief);
+  }
+  chief_ = source.chief;
   return source;
 }
 
@@ -517,10 +533,17 @@ bool DataParallel::regroup(supervisor::TrainingState& state) {
   ++regroups_;
   LH_LOG(WARNING)
       << "regrouped: training continues in place" << kv("rank", rank()) << kv("step", source.step)
-      << kv("state_from_rank", source.root)
+      << kv("state_from_rank", source.root) << kv("chief_rank", source.chief)
       << kv("seconds",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return true;
+}
+
+int64_t DataParallel::finish_with_chief(int64_t step, std::chrono::milliseconds timeout) {
+  if (world_size() == 1) return step;
+  quiesce();
+  group().broadcast(std::as_writable_bytes(std::span<int64_t>(&step, 1)), chief_, timeout);
+  return step;
 }
 
 double DataParallel::mean_over_ranks(double value) {

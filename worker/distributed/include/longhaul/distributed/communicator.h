@@ -29,7 +29,8 @@
 // clearing the folder (so nothing a replacement or a slower survivor already wrote is lost); a
 // surviving non-chief's new arrival identity differs from the one its old arrival file holds, so
 // it ignores the old generation and waits for the next, exactly like a replacement replica
-// (a fresh process that runs the ordinary rendezvous). A replacement chief is a fresh rank 0: it
+// (a fresh process that runs the ordinary rendezvous). Rank 0 coordinates the rendezvous whatever
+// its role (the chief role may have moved to another rank, data_parallel.h): a replacement rank 0
 // clears the folder and opens a generation as at any start, and the survivors follow it.
 //
 // Failure semantics of every collective: a peer that died (its sockets closed) is noticed at

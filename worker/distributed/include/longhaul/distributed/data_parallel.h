@@ -72,6 +72,11 @@
 //      (the only per-step price is the world_size-integer stop agreement, and the Trainer's
 //      copy of the data position at the step's start);
 //   4. broadcast_state from that rank (parameters, moments, step, data position) to everyone.
+// The same agreement settles the chief role (StateSource::chief, "Chief promotion" in
+// worker/distributed/README.md): the role is separate from the rank, which stays the replica's
+// TF_CONFIG index and data shard for life. Each survivor says whether it holds the role; a
+// surviving chief keeps it, and when the chief is the one lost the lowest surviving rank takes
+// it (its caller then promotes its Supervisor); the replacement joins as a worker.
 // It returns false when the group could not be formed within the regroup timeout (the caller
 // then commits a final checkpoint on the chief and exits 138), throws Cancelled when a stop was
 // requested while waiting, and Aborted when a peer is lost again during the regroup itself (the
@@ -119,6 +124,10 @@ struct StateSource {
   int root = 0;            // the rank whose state every rank takes
   int64_t step = -1;       // its last completed step; -1: no replica holds state (a fresh start)
   bool survivors = false;  // some replica kept its state (a regroup, not a fresh group)
+  // The rank that holds the chief role from here on (checkpoints, events, training.done): the
+  // surviving chief; when the chief was lost, the lowest surviving rank; rank 0 at a fresh
+  // start. A replacement (a fresh process) never becomes chief while a survivor exists.
+  int chief = 0;
 };
 
 // All-reduce over device memory (NCCL); see nccl.h.
@@ -157,6 +166,9 @@ class DataParallel {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // The rank holding the chief role, as of the last agree_state_source (rank 0 before it).
+  int chief_rank() const { return chief_; }
+  bool is_chief() const { return chief_ == rank_; }
   Communicator& communicator() { return group(); }
 
   // See above. `timeout` bounds the wait for rank 0 (it may still be restoring a large
@@ -167,9 +179,10 @@ class DataParallel {
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
                        int root = 0);
   // Every rank gives its last completed step, or nullopt when it holds no state yet (a fresh
-  // process); all get the same answer (see above). One all-reduce of world_size + 2 integers,
-  // which also compares the recovery policy (set_regroup or not): InvalidArgument on every rank
-  // when the replicas disagree.
+  // process); all get the same answer (see above), and chief_rank() is the agreed chief from
+  // then on. One all-reduce of 2 * world_size + 2 integers (steps, chief claims, and the
+  // recovery policy: set_regroup or not; InvalidArgument on every rank when the replicas
+  // disagree).
   StateSource agree_state_source(std::optional<int64_t> completed_step);
 
   // Enables recovery in place: `options` re-forms the group (its regroup flag and max_wait_secs
@@ -190,6 +203,13 @@ class DataParallel {
   // when the model's ready ranges broke the gradient-ready contract.
   void average_gradients(model::LanguageModel& model);
   bool any_stop(bool local_stop);
+  // The end of a finished run with recovery in place: every replica meets the chief once more
+  // after the chief committed its final checkpoint and wrote training.done, so that no replica
+  // exits before the chief's writes are done (an operator's ChiefSucceeds policy watches the
+  // TF_CONFIG chief pod, which after a promotion is a worker, and cleans up the running pods once
+  // it succeeded). One broadcast of `step` from the chief; returns the chief's. `timeout` bounds
+  // the wait for the chief. Aborted when a peer is lost first.
+  int64_t finish_with_chief(int64_t step, std::chrono::milliseconds timeout);
   // The mean of `value` over all ranks (one all-reduce of one float); every rank calls it at the
   // same step. Used for the loss the chief prints and writes, so it is the global batch's loss.
   double mean_over_ranks(double value);
@@ -233,6 +253,7 @@ class DataParallel {
   std::unique_ptr<Communicator> comm_;  // null between a failed regroup and the next one
   DataParallelOptions options_;
   int rank_ = 0, world_size_ = 1;  // fixed for the life of the group, across regroups
+  int chief_ = 0;                  // the chief role (agree_state_source); may move on a regroup
   bool regroup_enabled_ = false;
   RendezvousOptions regroup_options_;
   int64_t regroups_ = 0;
