@@ -1,10 +1,14 @@
 // Recovery in place (worker/distributed/README.md): three data-parallel replicas of the
 // longhaul-worker binary on loopback lose one (SIGKILL between steps, SIGKILL in the middle of a
-// step's gradient all-reduce, the chief, a SIGTERM preemption notice, two losses in a row); a
-// replacement with the same rank joins, takes the survivors' state by broadcast, and the run ends
-// with the parameters of an uninterrupted run of the same config in the same environment. No
-// process reads a checkpoint, no step is redone and the step counter never goes back. A replacement
-// that never comes ends with a final checkpoint of the last completed step and exit 138.
+// step's gradient all-reduce, the chief, the chief in the middle of a checkpoint write, a SIGTERM
+// preemption notice, two losses in a row); a replacement with the same rank joins, takes the
+// survivors' state by broadcast, and the run ends with the parameters of an uninterrupted run of
+// the same config in the same environment. No process reads a checkpoint, no step is redone and
+// the step counter never goes back. When the chief is lost, the lowest surviving rank takes over
+// its writes (chief promotion) and the replacement joins as a worker; checkpoints and events go
+// on in the same logdir, one writer at a time. A replacement that never comes ends with a final
+// checkpoint of the last completed step and exit 138.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -17,6 +21,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "longhaul/base/error.h"
+#include "longhaul/supervisor/checkpoint_state.h"
+#include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "worker_process.h"
 
@@ -112,6 +119,90 @@ std::vector<int64_t> progress_steps(const std::string& out) {
   return steps;
 }
 
+// The events of one file in order. A file whose writer was SIGKILLed may end in a cut record
+// (TensorBoard ignores it too): only with `tail_may_be_cut` is that accepted.
+std::vector<tensorboard::Event> read_events(const fs::path& path, bool tail_may_be_cut) {
+  supervisor::EventsReader reader(path);
+  std::vector<tensorboard::Event> events;
+  try {
+    while (auto e = reader.next_event()) events.push_back(std::move(*e));
+  } catch (const DataLoss& e) {
+    if (!tail_may_be_cut) ADD_FAILURE() << path << ": " << e.what();
+  }
+  return events;
+}
+
+// After a run whose chief role moved (`writers`: the processes that held it, in order, the last
+// one to the end): the logdir holds one events file per writer; each was written while no other
+// was (its events all come after the previous file's); the last one reads cleanly, starts with
+// SessionLog START at the step it took over and ends with SessionLog STOP at `steps`, and its
+// training scalars are those of the steps after the hand-over. Every checkpoint verifies, none
+// is left half-written, and the writer lock names the last writer.
+void expect_one_writer_at_a_time(const fs::path& logdir, const std::vector<WorkerProcess*>& writers,
+                                 int64_t steps) {
+  // In the order they were opened (file names have a one-second resolution).
+  auto files = supervisor::list_events_files(logdir);
+  ASSERT_EQ(files.size(), writers.size());
+  auto opened = [](const fs::path& f) {
+    const auto events = read_events(f, true);
+    return events.empty() ? INFINITY : events.front().wall_time();
+  };
+  std::stable_sort(files.begin(), files.end(),
+                   [&](const fs::path& a, const fs::path& b) { return opened(a) < opened(b); });
+  double previous_end = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const bool last = i + 1 == files.size();
+    const auto events = read_events(files[i], /*tail_may_be_cut=*/!last);
+    ASSERT_FALSE(events.empty()) << files[i];
+    double begin = INFINITY, end = 0;
+    int64_t start_step = -1, stop_step = -1, last_loss_index = -1;
+    for (const auto& e : events) {
+      if (e.has_file_version()) continue;
+      begin = std::min(begin, e.wall_time());
+      end = std::max(end, e.wall_time());
+      if (e.has_session_log() && e.session_log().status() == tensorboard::SessionLog::START) {
+        if (start_step < 0) start_step = e.step();
+      }
+      if (e.has_session_log() && e.session_log().status() == tensorboard::SessionLog::STOP) {
+        stop_step = e.step();
+      }
+      if (e.has_summary()) {
+        for (const auto& v : e.summary().value()) {
+          if (v.tag() == "loss") {
+            EXPECT_GE(e.step(), start_step) << files[i] << ": a scalar before the hand-over";
+            last_loss_index = e.step();
+          }
+        }
+      }
+    }
+    EXPECT_GE(begin, previous_end) << files[i] << " was written while an earlier writer still was";
+    previous_end = end;
+    if (last) {
+      EXPECT_GT(start_step, 0) << "the last writer took over mid-run";
+      EXPECT_EQ(stop_step, steps);
+      EXPECT_EQ(last_loss_index, steps - 10) << "summaries every 10 steps, at the step's index";
+    }
+  }
+  const auto state = supervisor::read_checkpoint_state(logdir);
+  ASSERT_TRUE(state.has_value());
+  int64_t previous = -1;
+  for (const auto& prefix : state->all_model_checkpoint_paths) {
+    const int64_t step = supervisor::checkpoint_step(prefix).value_or(-1);
+    EXPECT_GT(step, previous) << "the checkpoint list went back";
+    previous = step;
+  }
+  EXPECT_EQ(previous, steps);
+  for (const auto& [step, file] : checkpoint_files(logdir)) {
+    EXPECT_NO_THROW(supervisor::SafetensorsReader(file).verify_all()) << file;
+  }
+  for (const auto& e : fs::directory_iterator(logdir)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos)
+        << "left half-written: " << e.path();
+  }
+  EXPECT_THAT(read_text(logdir / ".writer.lock"),
+              HasSubstr("pid " + std::to_string(writers.back()->pid()) + ","));
+}
+
 class DistRecoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -132,15 +223,36 @@ class DistRecoveryTest : public ::testing::Test {
     return std::make_unique<WorkerProcess>(train_args(logdir), dir_, dir_, std::move(env));
   }
 
-  // An uninterrupted run of the same config: the reference.
+  // An uninterrupted run of the same config: the reference. The regroup timeout does not change
+  // the numbers, so one reference per step count serves the whole suite.
   fs::path reference_run(int64_t max_steps) {
+    const fs::path file = reference_dir() / std::to_string(max_steps) /
+                          ("model.ckpt-" + std::to_string(max_steps) + ".safetensors");
+    if (fs::exists(file)) return file;
+    const std::string logdir = (reference_dir() / std::to_string(max_steps)).string();
+    fs::create_directories(reference_dir());
     std::vector<std::unique_ptr<WorkerProcess>> ranks;
-    for (int r = 0; r < kWorld; ++r) ranks.push_back(start_rank("ref", r));
+    for (int r = 0; r < kWorld; ++r) {
+      auto env = replica_env(r, collective_timeout_secs_);
+      env["LONGHAUL_RESTART_ATTEMPT"] = "ref";
+      ranks.push_back(std::make_unique<WorkerProcess>(
+          std::vector<std::string>{"train", "--config", (dir_ / "c.yaml").string(), "--logdir",
+                                   logdir},
+          dir_, dir_, std::move(env)));
+    }
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_EQ(ranks[r]->wait(seconds(300)), 0)
           << "reference rank " << r << ": " << ranks[r]->err();
     }
-    return dir_ / "ref" / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors");
+    return file;
+  }
+  static const fs::path& reference_dir() {
+    static const fs::path dir = fresh_dir("recovery_reference");
+    return dir;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(reference_dir(), ec);
   }
 
   fs::path dir_;
@@ -225,6 +337,14 @@ TEST_P(InPlaceRecoveryTest, ReplacementJoinsAndTheRunMatchesAnUninterruptedOne) 
   ASSERT_TRUE(fs::exists(mine));
   EXPECT_LE(max_difference(reference, mine), 1e-6);
   EXPECT_EQ(read_text(dir_ / "run" / "training.done"), std::to_string(steps) + "\n");
+  if (sc.victim == 0) {
+    // Chief promotion: rank 1, the lowest survivor, took over the chief's writes; rank 2 and
+    // the replacement rank 0 (a worker now) wrote nothing.
+    EXPECT_THAT(ranks[1]->err(), HasSubstr("took over as chief"));
+    EXPECT_THAT(ranks[2]->err(), Not(HasSubstr("took over as chief")));
+    EXPECT_THAT(replacement->err(), Not(HasSubstr("took over as chief")));
+    expect_one_writer_at_a_time(dir_ / "run", {ranks[0].get(), ranks[1].get()}, steps);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -236,35 +356,91 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"ChiefPreempted", 0, Loss::kPreempted}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Two losses in a row: a worker, then (once its replacement trains) the other worker; each
-// replacement joins in place, and the run still ends where an uninterrupted one does.
-TEST_F(DistRecoveryTest, TwoLossesInARowAreBothRecoveredInPlace) {
+// Two losses in a row, both of the chief: rank 0 is lost, rank 1 takes over as chief and rank
+// 0's replacement joins as a worker; then rank 1 is lost, and rank 0 — the lowest survivor now —
+// takes over, while rank 1's replacement joins as a worker. The run still ends where an
+// uninterrupted one does, and each writer's checkpoints and events follow the previous one's.
+TEST_F(DistRecoveryTest, TwoLossesInARowOfTheChiefPromoteTheLowestSurvivorEachTime) {
   const int64_t steps = 200;
   write_text(dir_ / "c.yaml", recovery_config(steps, 240));
   const fs::path reference = reference_run(steps);
   std::vector<std::unique_ptr<WorkerProcess>> ranks;
   for (int r = 0; r < kWorld; ++r) ranks.push_back(start_rank("run", r));
-  ASSERT_TRUE(ranks[0]->wait_for_stdout("step     40/", seconds(240))) << ranks[0]->err();
-  ranks[2]->signal(SIGKILL);
-  ASSERT_EQ(ranks[2]->wait(seconds(60)), 128 + SIGKILL);
-  ranks[2] = start_rank("run", 2);
-  // The first replacement trains (it printed a step after joining), then the other worker goes.
-  ASSERT_TRUE(ranks[2]->wait_for_stdout("state from the running replicas", seconds(240)))
-      << ranks[2]->err();
-  ASSERT_TRUE(ranks[2]->wait_for_stdout(" | loss ", seconds(240))) << ranks[2]->err();
+  ASSERT_TRUE(ranks[1]->wait_for_stdout("step     40/", seconds(240))) << ranks[1]->err();
+  ranks[0]->signal(SIGKILL);
+  ASSERT_EQ(ranks[0]->wait(seconds(60)), 128 + SIGKILL);
+  std::unique_ptr<WorkerProcess> first_chief = std::move(ranks[0]);
+  ranks[0] = start_rank("run", 0);
+  // The replacement trains (it printed a step after joining) and rank 1 writes as the chief;
+  // then rank 1 goes too.
+  ASSERT_TRUE(ranks[0]->wait_for_stdout("state from the running replicas", seconds(240)))
+      << ranks[0]->err();
+  ASSERT_TRUE(ranks[0]->wait_for_stdout(" | loss ", seconds(240))) << ranks[0]->err();
+  ASSERT_TRUE(
+      eventually([&] { return ranks[1]->err().find("took over as chief") != std::string::npos; },
+                 seconds(120)))
+      << ranks[1]->err();
   ranks[1]->signal(SIGKILL);
   ASSERT_EQ(ranks[1]->wait(seconds(60)), 128 + SIGKILL);
+  std::unique_ptr<WorkerProcess> second_chief = std::move(ranks[1]);
   ranks[1] = start_rank("run", 1);
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_EQ(ranks[r]->wait(seconds(300)), 0) << "rank " << r << ": " << ranks[r]->err();
     EXPECT_THAT(ranks[r]->err(), Not(HasSubstr("restored checkpoint"))) << "rank " << r;
   }
-  // The chief regrouped twice, each time without going back.
-  EXPECT_THAT(ranks[0]->err(), HasSubstr("regroups=2"));
-  const auto seen = progress_steps(ranks[0]->out());
+  EXPECT_THAT(ranks[0]->err(), HasSubstr("took over as chief"));
+  EXPECT_THAT(ranks[1]->err(), Not(HasSubstr("took over as chief")));
+  EXPECT_THAT(ranks[2]->err(), Not(HasSubstr("took over as chief")));
+  // Rank 2 regrouped twice, each time without going back.
+  EXPECT_THAT(ranks[2]->err(), HasSubstr("regroups=2"));
+  const auto seen = progress_steps(ranks[2]->out());
   for (size_t i = 1; i < seen.size(); ++i) ASSERT_GT(seen[i], seen[i - 1]);
   const fs::path mine = dir_ / "run" / ("model.ckpt-" + std::to_string(steps) + ".safetensors");
   EXPECT_LE(max_difference(reference, mine), 1e-6);
+  EXPECT_EQ(read_text(dir_ / "run" / "training.done"), std::to_string(steps) + "\n");
+  expect_one_writer_at_a_time(dir_ / "run", {first_chief.get(), second_chief.get(), ranks[0].get()},
+                              steps);
+}
+
+// The chief is lost in the middle of a checkpoint write: LONGHAUL_TEST_PAUSE_CHECKPOINT_WRITE
+// holds its writer thread inside model.ckpt-30 (temp file half written) and the test kills it
+// there. The half-written file never becomes a checkpoint: the latest stays step 20 until rank
+// 1, now the chief, removes the temp file and commits its own; the run ends as an uninterrupted
+// one.
+TEST_F(DistRecoveryTest, ChiefKilledInTheMiddleOfACheckpointWrite) {
+  const int64_t steps = 200;
+  write_text(dir_ / "c.yaml", recovery_config(steps, 240));
+  const fs::path reference = reference_run(steps);
+  std::vector<std::unique_ptr<WorkerProcess>> ranks;
+  ranks.push_back(start_rank(
+      "run", 0, {{"LONGHAUL_TEST_PAUSE_CHECKPOINT_WRITE", "model.ckpt-30.safetensors"}}));
+  for (int r = 1; r < kWorld; ++r) ranks.push_back(start_rank("run", r));
+  ASSERT_TRUE(eventually(
+      [&] {
+        return ranks[0]->err().find("paused in the middle of a checkpoint write") !=
+               std::string::npos;
+      },
+      seconds(240)))
+      << ranks[0]->err();
+  bool half_written = false;
+  for (const auto& e : fs::directory_iterator(dir_ / "run")) {
+    half_written |= e.path().filename().string().starts_with("model.ckpt-30.safetensors.tmp.");
+  }
+  EXPECT_TRUE(half_written) << "the chief is inside the write of model.ckpt-30";
+  ranks[0]->signal(SIGKILL);
+  ASSERT_EQ(ranks[0]->wait(seconds(60)), 128 + SIGKILL);
+  EXPECT_EQ(state_file_latest_step(dir_ / "run"), 20);
+  std::unique_ptr<WorkerProcess> first_chief = std::move(ranks[0]);
+  ranks[0] = start_rank("run", 0);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(ranks[r]->wait(seconds(300)), 0) << "rank " << r << ": " << ranks[r]->err();
+    EXPECT_THAT(ranks[r]->err(), Not(HasSubstr("restored checkpoint"))) << "rank " << r;
+  }
+  EXPECT_THAT(ranks[1]->err(), HasSubstr("took over as chief"));
+  EXPECT_THAT(ranks[1]->err(), HasSubstr("removing temp file left by an interrupted checkpoint"));
+  const fs::path mine = dir_ / "run" / ("model.ckpt-" + std::to_string(steps) + ".safetensors");
+  EXPECT_LE(max_difference(reference, mine), 1e-6);
+  expect_one_writer_at_a_time(dir_ / "run", {first_chief.get(), ranks[1].get()}, steps);
 }
 
 // The second worker dies while the survivors wait for the first one's replacement: the

@@ -110,7 +110,7 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
                                                        trainer::RunOptions& run);
 int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
                    const trainer::RunOptions& run, const trainer::RunResult& result,
-                   const dist::DataParallel* dp);
+                   dist::DataParallel* dp);
 int run_evaluator_task(const trainer::WorkerConfig& config, const std::filesystem::path& logdir);
 
 // "0.1.0 (cpu)".

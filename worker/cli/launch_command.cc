@@ -170,6 +170,9 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
     }
     run.regroup = [p](supervisor::TrainingState& state) { return p->regroup(state); };
   }
+  // The chief role (checkpoints, events, training.done) follows the agreement: rank 0 at a
+  // fresh start; a replacement joins as a worker; the lowest survivor when the chief is lost.
+  run.chief_role = [p] { return p->is_chief(); };
   run.start_reducing_gradients = [p](model::LanguageModel& model) {
     p->start_gradient_averaging(model);
   };
@@ -181,8 +184,9 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
 
 int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
                    const trainer::RunOptions& run, const trainer::RunResult& result,
-                   const dist::DataParallel* dp) {
+                   dist::DataParallel* dp) {
   const bool finished = result.final_step >= run.config.training.max_steps;
+  const bool chief = dp != nullptr ? dp->is_chief() : id.rank == 0;
   if (dp != nullptr && dp->averaged_steps() > 0) {
     // How much of the gradient all-reduce the backward pass hid (bench/dist_bench.sh reads it).
     const double busy = dp->allreduce_busy_seconds(), exposed = dp->allreduce_seconds();
@@ -194,8 +198,7 @@ int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
   }
   if (result.regroup_failed) {
     LH_LOG(WARNING) << "a lost replica was not replaced within supervisor.regroup_timeout_secs; "
-                    << (id.rank == 0 ? "committed a final checkpoint of the last completed step; "
-                                     : "")
+                    << (chief ? "committed a final checkpoint of the last completed step; " : "")
                     << "exit 138 so the whole group restarts" << kv("rank", *id.rank)
                     << kv("step", result.final_step);
     return kExitAborted;
@@ -210,11 +213,25 @@ int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
                     << kv("rank", dp->rank()) << kv("step", result.final_step);
     return kExitAborted;
   }
-  if (id.rank == 0 && finished && result.signal == 0) {
+  if (chief && finished && result.signal == 0) {
     dist::write_training_done(run.logdir, result.final_step);
-    if (dp != nullptr && args.rendezvous_dir.empty()) {
-      dist::remove_rendezvous_dir(run.logdir, id.attempt);
+  }
+  if (dp != nullptr && dp->regroup_enabled() && finished) {
+    // With recovery in place the chief may be any rank: nobody leaves before it committed.
+    const auto wait = std::chrono::milliseconds(static_cast<int64_t>(
+        (run.config.supervisor.max_wait_secs + env_secs("LONGHAUL_COLLECTIVE_TIMEOUT_SECS", 300)) *
+        1000));
+    try {
+      dp->finish_with_chief(result.final_step, wait);
+    } catch (const Aborted& e) {
+      LH_LOG(WARNING) << "a replica was lost after the last step, before the chief confirmed its "
+                         "final checkpoint; exit 138 so the group restarts from the latest one"
+                      << kv("rank", dp->rank()) << kv("error", e.what());
+      return kExitAborted;
     }
+  }
+  if (chief && finished && result.signal == 0 && dp != nullptr && args.rendezvous_dir.empty()) {
+    dist::remove_rendezvous_dir(run.logdir, id.attempt);
   }
   return -1;  // the caller decides as for one replica
 }

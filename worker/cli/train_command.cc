@@ -65,7 +65,9 @@ int run_train(const TrainArgs& args) {
   std::string why_not;
   const bool on_cuda = run.config.device == "cuda" ||
                        (run.config.device == "auto" && backend_cuda::cuda_available(&why_not));
-  worker_metrics::WorkerMetrics metrics(run.rank, run.rank == 0, LONGHAUL_VERSION,
+  // longhaul_worker_is_chief: a replica of a group says 1 only once the group agreed it holds
+  // the chief role (a replacement rank 0 joins as a worker; see worker/distributed/README.md).
+  worker_metrics::WorkerMetrics metrics(run.rank, run.world_size <= 1, LONGHAUL_VERSION,
                                         on_cuda ? "cuda" : "cpu");
   if (port > 0) {
     metrics.serve(port);
@@ -97,11 +99,14 @@ int run_train(const TrainArgs& args) {
     LH_LOG(INFO) << "stopped at the rendezvous; nothing to commit" << kv("reason", e.what());
     return 128 + signals.signal_received();
   }
+  if (group != nullptr) metrics.set_chief(group->is_chief());
   if (run.regroup) {  // recovery in place, measured (worker_metrics.h)
-    run.regroup = [inner = run.regroup, &metrics](supervisor::TrainingState& state) {
+    run.regroup = [inner = run.regroup, &metrics,
+                   dp = group.get()](supervisor::TrainingState& state) {
       const auto start = std::chrono::steady_clock::now();
       const bool ok = inner(state);
       if (ok) {
+        metrics.set_chief(dp->is_chief());  // the operator finds the chief pod by this gauge
         metrics.on_regrouped(
             state.global_step(),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -197,6 +197,14 @@ void WorkerMetrics::on_restored(const supervisor::RestoredCheckpoint& restored) 
   ckpt_last_bytes_->Set(static_cast<double>(restored.bytes));
 }
 
+void WorkerMetrics::on_chief_role_taken(const supervisor::RestoredCheckpoint& latest) {
+  ckpt_last_step_->Set(static_cast<double>(latest.step));
+  ckpt_last_timestamp_->Set(latest.wall_time);
+  ckpt_last_bytes_->Set(static_cast<double>(latest.bytes));
+}
+
+void WorkerMetrics::set_chief(bool is_chief) { is_chief_->Set(is_chief ? 1 : 0); }
+
 std::string WorkerMetrics::text() const {
   prometheus::TextSerializer serializer;
   return serializer.Serialize(registry_->Collect());

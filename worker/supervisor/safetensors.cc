@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -15,6 +16,7 @@
 #include "longhaul/base/crc32c.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
+#include "longhaul/base/log.h"
 
 namespace longhaul::supervisor {
 namespace {
@@ -76,6 +78,24 @@ uint32_t metadata_crc32c(const std::map<std::string, std::string>& metadata) {
   return crc;
 }
 
+namespace {
+
+// Test-only (documented in worker/distributed/README.md): LONGHAUL_TEST_PAUSE_CHECKPOINT_WRITE=
+// <file name> makes the writer of that file (e.g. model.ckpt-30.safetensors) stop for good after
+// its first tensor, with the temp file half written, and say so on stderr: a test then kills the
+// process at exactly that point (a chief lost in the middle of a checkpoint write). Never set it
+// in production: the writer thread blocks until the process is killed.
+void pause_here_for_tests(const std::filesystem::path& path) {
+  static const char* const target = std::getenv("LONGHAUL_TEST_PAUSE_CHECKPOINT_WRITE");
+  if (target == nullptr || *target == '\0' || path.filename() != target) return;
+  LH_LOG(WARNING) << "LONGHAUL_TEST_PAUSE_CHECKPOINT_WRITE: paused in the middle of a checkpoint "
+                     "write until this process is killed"
+                  << kv("file", path.string());
+  for (;;) ::pause();
+}
+
+}  // namespace
+
 uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
                            const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> names;
@@ -130,7 +150,10 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
   file::AtomicFile out(path);
   out.write(len, 8);
   out.write(json);
-  for (const auto& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+  for (const auto& t : tensors) {
+    out.write(t.bytes.data(), t.bytes.size());
+    pause_here_for_tests(path);
+  }
   uint64_t total = out.bytes_written();
   out.commit();
   return total;

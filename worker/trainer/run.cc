@@ -256,10 +256,12 @@ RunResult run_training(const RunOptions& options) {
   // chief) so that `sample` and `export` decode; the chief samples text at each evaluation.
   const TokenizerSpec tokenizer_spec = data_tokenizer(config, model_config);
   std::unique_ptr<tokenizer::Tokenizer> sample_tokenizer;
+  const bool chief_at_start = options.chief_role ? options.chief_role() : options.rank == 0;
   if (!tokenizer_spec.kind.empty()) {
     trainer.set_checkpoint_metadata("tokenizer", tokenizer_spec.kind);
-    if (options.rank == 0) {
-      save_tokenizer_files(tokenizer_spec, options.logdir);
+    if (chief_at_start) save_tokenizer_files(tokenizer_spec, options.logdir);
+    // Samples are the chief's; with recovery in place any replica may become the chief.
+    if (chief_at_start || options.regroup) {
       if (config.eval.sample_tokens > 0) {
         sample_tokenizer = as_data_error([&] {
           return tokenizer::make_tokenizer(tokenizer_spec.kind, tokenizer_spec.vocab,
@@ -281,7 +283,7 @@ RunResult run_training(const RunOptions& options) {
   // 4. Supervisor.
   supervisor::SupervisorOptions so;
   so.logdir = options.logdir;
-  so.is_chief = options.rank == 0;
+  so.is_chief = chief_at_start;
   so.save_model_secs = config.checkpoint.save_model_secs;
   so.save_summaries_secs = config.summaries.save_summaries_secs;
   so.recovery_wait_secs = config.supervisor.recovery_wait_secs;
@@ -373,7 +375,7 @@ RunResult run_training(const RunOptions& options) {
                       t.max_steps, *val);
         out << line << std::flush;
       }
-      if (sample_tokenizer) {
+      if (sample_tokenizer && sv.is_chief()) {
         auto& model = trainer.model();
         const auto& mc = model.config();
         std::vector<float> params(static_cast<size_t>(model.num_parameters()));
@@ -431,6 +433,14 @@ RunResult run_training(const RunOptions& options) {
         const Recovery r = recover(lost);
         if (r == Recovery::kRegrouped) {
           ++result.regroups;
+          // The chief was the one lost and this replica is the lowest surviving rank: it takes
+          // over the chief's writes before the next step. The lost chief's writer lock went with
+          // its process; one still alive (a partition) keeps it, and promote_to_chief gives up
+          // after the wait (Aborted: exit 138, the group restarts).
+          if (options.chief_role && options.chief_role() && !sv.is_chief()) {
+            sv.promote_to_chief(trainer, std::chrono::milliseconds(static_cast<int64_t>(
+                                             config.supervisor.regroup_timeout_secs * 1000)));
+          }
           continue;
         }
         result.regroup_failed = r == Recovery::kGaveUp;

@@ -82,6 +82,11 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   // supervisor::CheckpointListener
   void on_saved(const supervisor::CheckpointStats& stats) override;
   void on_restored(const supervisor::RestoredCheckpoint& restored) override;
+  // The chief role moved here (data-parallel chief promotion): the last checkpoint gauges show
+  // the logdir's latest checkpoint, as after a restore, without counting a restore.
+  void on_chief_role_taken(const supervisor::RestoredCheckpoint& latest) override;
+  // longhaul_worker_is_chief (the operator reads it to find the chief pod after a promotion).
+  void set_chief(bool is_chief);
 
   // The Prometheus text exposition of every metric (what /metrics serves).
   std::string text() const;

@@ -90,6 +90,11 @@ struct RunOptions {
   // was requested meanwhile, Aborted when a peer was lost again (it is called again). Empty: a
   // failed collective ends the run with Aborted (exit 138).
   std::function<bool(supervisor::TrainingState&)> regroup;
+  // Whether this replica holds the chief role (checkpoints, events, samples): asked before the
+  // session and after every regroup. The role is not the rank: when the chief is lost, the lowest
+  // surviving rank takes it (dist::DataParallel::is_chief), and the run promotes its Supervisor
+  // there (Supervisor::promote_to_chief). Empty: rank 0 is the chief.
+  std::function<bool()> chief_role;
 };
 
 struct RunResult {
