@@ -1,6 +1,7 @@
 // The chief's training progress (see progress.h).
 #include "longhaul/controller/progress.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -32,6 +33,7 @@ constexpr std::string_view kGlobalStep = "longhaul_train_global_step";
 constexpr std::string_view kMaxSteps = "longhaul_train_max_steps";
 constexpr std::string_view kCheckpointStep = "longhaul_checkpoint_last_step";
 constexpr std::string_view kCheckpointTime = "longhaul_checkpoint_last_timestamp_seconds";
+constexpr std::string_view kIsChief = "longhaul_worker_is_chief";
 
 // One sample line "name{labels} value [timestamp]" -> (name, value); nullopt when malformed.
 std::optional<std::pair<std::string_view, double>> parse_sample(std::string_view line) {
@@ -87,7 +89,7 @@ std::optional<ProgressSample> parse_progress_metrics(std::string_view text) {
     if (!sample) continue;
     const auto& [name, value] = *sample;
     if (name != kGlobalStep && name != kMaxSteps && name != kCheckpointStep &&
-        name != kCheckpointTime) {
+        name != kCheckpointTime && name != kIsChief) {
       continue;
     }
     first.emplace(name, value);
@@ -106,6 +108,7 @@ std::optional<ProgressSample> parse_progress_metrics(std::string_view text) {
     s.last_checkpoint_unix = when;
     s.last_checkpoint_step = get(kCheckpointStep).value_or(0);
   }
+  if (const auto chief = get(kIsChief)) s.is_chief = *chief == 0 ? 0 : 1;
   return s;
 }
 
@@ -310,31 +313,50 @@ ProgressTracker::~ProgressTracker() {
 
 std::optional<milliseconds> ProgressTracker::track(const std::string& key, const json* chief_pod,
                                                    std::chrono::seconds interval,
-                                                   api::TrainingJobStatus& status, api::Time now) {
-  const std::optional<MetricsEndpoint> endpoint =
+                                                   api::TrainingJobStatus& status, api::Time now,
+                                                   const std::vector<const json*>& other_pods) {
+  const std::optional<MetricsEndpoint> tf_config_chief =
       chief_pod ? metrics_endpoint(*chief_pod) : std::nullopt;
+  std::vector<MetricsEndpoint> endpoints;
+  if (tf_config_chief) endpoints.push_back(*tf_config_chief);
+  for (const json* pod : other_pods) {
+    if (pod == nullptr) continue;
+    if (auto e = metrics_endpoint(*pod);
+        e && std::find(endpoints.begin(), endpoints.end(), *e) == endpoints.end()) {
+      endpoints.push_back(*e);
+    }
+  }
   std::optional<ProgressSample> sample;
   std::optional<milliseconds> wait;
   bool queued = false;
   {
     std::lock_guard lock(mu_);
-    if (!endpoint) {
-      // No chief to read: keep the newest sample (it may still be written, rate limits
+    if (endpoints.empty()) {
+      // No pod to read: keep the newest sample (it may still be written, rate limits
       // permitting) but start nothing.
       if (auto it = entries_.find(key); it != entries_.end()) sample = it->second.sample;
     } else {
       auto [it, created] = entries_.try_emplace(key);
       Entry& e = it->second;
       if (created) e.id = next_id_++;
-      if (e.endpoint != endpoint) {
-        e.endpoint = endpoint;
-        e.last_attempt.reset();  // a new chief incarnation: read it at once
+      if (e.endpoints != endpoints || e.first_is_tf_config_chief != tf_config_chief.has_value()) {
+        e.endpoints = endpoints;
+        e.first_is_tf_config_chief = tf_config_chief.has_value();
+        e.last_attempt.reset();  // a new incarnation of some pod: read at once
       }
       if (!e.in_flight &&
           (!e.last_attempt || now - *e.last_attempt >= interval || now < *e.last_attempt)) {
         e.in_flight = true;
         e.last_attempt = now;
-        queue_.push_back(Read{key, e.id, *endpoint});
+        // The pod that last said it is the chief first, then the rest in rank order.
+        std::vector<MetricsEndpoint> order;
+        if (e.chief && std::find(endpoints.begin(), endpoints.end(), *e.chief) != endpoints.end()) {
+          order.push_back(*e.chief);
+        }
+        for (const auto& ep : endpoints) {
+          if (order.empty() || !(ep == order.front())) order.push_back(ep);
+        }
+        queue_.push_back(Read{key, e.id, std::move(order), tf_config_chief});
         queued = true;
       }
       wait = std::max(milliseconds(1),
@@ -373,13 +395,31 @@ void ProgressTracker::scrape_loop() {
     ++busy_;
     lock.unlock();
 
+    // The first endpoint that holds the chief role answers (see progress.h).
     std::optional<ProgressSample> sample;
+    std::optional<MetricsEndpoint> answered;
     std::string error;
-    try {
-      sample = parse_progress_metrics(options_.fetch(read.endpoint, options_.timeout));
-      if (!sample) error = "no longhaul_train_global_step in its /metrics";
-    } catch (const std::exception& e) {
-      error = e.what();
+    // A hand-over tries several pods; the whole read stays within twice the per-pod deadline,
+    // so a group of unreachable pods cannot hold a scrape thread for long.
+    const auto budget_end = std::chrono::steady_clock::now() + 2 * options_.timeout;
+    for (const MetricsEndpoint& endpoint : read.endpoints) {
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(budget_end - std::chrono::steady_clock::now());
+      if (left <= milliseconds(0)) break;
+      try {
+        auto s = parse_progress_metrics(options_.fetch(endpoint, std::min(left, options_.timeout)));
+        if (!s) {
+          error = "no longhaul_train_global_step in its /metrics";
+        } else if (s->is_chief == 1 || (s->is_chief < 0 && endpoint == read.tf_config_chief)) {
+          sample = s;
+          answered = endpoint;
+          break;
+        } else {
+          error = "no pod of the group says longhaul_worker_is_chief 1";
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
     }
 
     lock.lock();
@@ -393,6 +433,12 @@ void ProgressTracker::scrape_loop() {
         changed = e.sample != sample;
         e.sample = sample;
         e.failing = false;
+        if (e.chief != answered) {
+          LH_LOG(INFO) << "reading the training progress from the pod that holds the chief role"
+                       << kv("job", read.key)
+                       << kv("endpoint", answered->host + ":" + std::to_string(answered->port));
+        }
+        e.chief = answered;
       } else if (!e.failing) {
         e.failing = true;
         LH_LOG(INFO) << "could not read the chief's training progress; status.progress keeps "

@@ -56,6 +56,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ParseCase{"WorkerExposition", kWorkerExposition,
                   ProgressSample{1200, 5000, 1000, 1763730000}},
+        ParseCase{"ChiefRoleGauge",
+                  "longhaul_train_global_step{rank=\"2\"} 7\n"
+                  "longhaul_worker_is_chief{rank=\"2\"} 0\n",
+                  ProgressSample{7, 0, 0, 0, 0}},
         ParseCase{"BeforeTheFirstCheckpoint",
                   "longhaul_train_global_step{rank=\"0\"} 7\n"
                   "longhaul_train_max_steps{rank=\"0\"} 160\n"
@@ -355,6 +359,103 @@ TEST(ProgressTrackerTest, ANewChiefIncarnationIsReadAtOnceAndNoChiefStartsNoRead
   tracker.track("ns/j", &restarted, 30s, st, now + 1s);
   ASSERT_TRUE(tracker.wait_idle(10s));
   EXPECT_EQ(chief.reads, 2);
+}
+
+// Chief promotion (worker/distributed/README.md): the chief replica was lost, the lowest
+// surviving worker took over the chief's writes, and the re-created chief pod joined as a
+// worker. The tracker finds the pod that says longhaul_worker_is_chief 1 and keeps reading it,
+// one read per interval again once found.
+TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
+  struct Pods {
+    std::mutex mu;
+    std::map<std::string, std::string> exposition;  // by pod IP; absent: unreachable
+    std::map<std::string, int> reads;
+  } pods;
+  auto worker = [](int64_t step, int is_chief) {
+    std::string text = "longhaul_train_global_step{rank=\"1\"} " + std::to_string(step) +
+                       "\nlonghaul_train_max_steps{rank=\"1\"} 5000\n";
+    if (is_chief >= 0) {
+      text += "longhaul_worker_is_chief{rank=\"1\"} " + std::to_string(is_chief) + "\n";
+    }
+    return text;
+  };
+  ProgressTrackerOptions o;
+  o.fetch = [&pods](const MetricsEndpoint& e, std::chrono::milliseconds) {
+    std::lock_guard lock(pods.mu);
+    ++pods.reads[e.host];
+    auto it = pods.exposition.find(e.host);
+    if (it == pods.exposition.end()) throw Unavailable("connection refused");
+    return it->second;
+  };
+  ProgressTracker tracker(o);
+  const json ports = {{{"name", "metrics"}, {"containerPort", 9400}}};
+  const json chief = chief_pod("Running", "10.0.0.7", ports);
+  const json worker0 = chief_pod("Running", "10.0.0.8", ports);
+  const json worker1 = chief_pod("Running", "10.0.0.9", ports);
+  {
+    std::lock_guard lock(pods.mu);
+    pods.exposition = {
+        {"10.0.0.7", worker(100, 1)}, {"10.0.0.8", worker(100, 0)}, {"10.0.0.9", worker(100, 0)}};
+  }
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  auto reconcile = [&](const json* chief_pod) {
+    tracker.track("ns/j", chief_pod, 10s, st, now, {&worker0, &worker1});
+    ASSERT_TRUE(tracker.wait_idle(10s));
+    tracker.track("ns/j", chief_pod, 10s, st, now, {&worker0, &worker1});
+  };
+  reconcile(&chief);
+  ASSERT_TRUE(st.progress);
+  EXPECT_EQ(st.progress->step, 100);
+  EXPECT_EQ(pods.reads["10.0.0.8"], 0) << "a steady chief costs one read";
+
+  // The chief pod is gone (being re-created): the workers are asked; worker 0 holds the role.
+  {
+    std::lock_guard lock(pods.mu);
+    pods.exposition.erase("10.0.0.7");
+    pods.exposition["10.0.0.8"] = worker(150, 1);
+    pods.exposition["10.0.0.9"] = worker(150, 0);
+  }
+  now += 11s;
+  reconcile(nullptr);
+  EXPECT_EQ(st.progress->step, 150);
+
+  // The re-created chief pod runs as a worker (says 0, its step still 0): the tracker stays
+  // with worker 0 and reads only it, once per interval.
+  const json rejoined = chief_pod("Running", "10.0.0.17", ports);
+  {
+    std::lock_guard lock(pods.mu);
+    pods.exposition["10.0.0.17"] = worker(0, 0);
+    pods.exposition["10.0.0.8"] = worker(170, 1);
+    pods.reads.clear();
+  }
+  for (int i = 0; i < 3; ++i) {
+    now += 11s;
+    reconcile(&rejoined);
+  }
+  EXPECT_EQ(st.progress->step, 170);
+  EXPECT_EQ(pods.reads["10.0.0.8"], 3);
+  EXPECT_EQ(pods.reads["10.0.0.17"], 0);
+  EXPECT_EQ(pods.reads["10.0.0.9"], 0);
+
+  // Worker 0 is lost too; nobody says 1 yet, and a pod without the gauge is the chief only when
+  // it is the TF_CONFIG chief: the progress stays as it was.
+  {
+    std::lock_guard lock(pods.mu);
+    pods.exposition.erase("10.0.0.8");
+    pods.exposition["10.0.0.9"] = worker(180, -1);
+  }
+  now += 11s;
+  reconcile(&rejoined);
+  EXPECT_EQ(st.progress->step, 170);
+  // Then the re-created chief pod, now the lowest survivor, takes the role.
+  {
+    std::lock_guard lock(pods.mu);
+    pods.exposition["10.0.0.17"] = worker(190, 1);
+  }
+  now += 11s;
+  reconcile(&rejoined);
+  EXPECT_EQ(st.progress->step, 190);
 }
 
 // ---- fetch_metrics against real sockets

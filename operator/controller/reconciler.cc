@@ -780,9 +780,20 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     const bool current = chief != owned.end() && rec != st.pods.end() &&
                          chief->second.attempt >= rec->second.restart_attempt &&
                          !chief->second.terminating;
-    if (auto next =
-            progress_->track(p.key, current ? &chief->second.object : nullptr,
-                             std::chrono::seconds(spec.progress_interval_seconds), st, p.now)) {
+    // The chief role may have moved to a worker pod (a promoted chief): progress.h.
+    std::vector<const json*> workers;
+    for (const Desired& d : desired) {
+      if (d.type != ReplicaType::kWorker || d.pod == st.chief_pod) continue;
+      const auto pod = owned.find(d.pod);
+      const auto r = st.pods.find(d.pod);
+      if (pod != owned.end() && r != st.pods.end() &&
+          pod->second.attempt >= r->second.restart_attempt && !pod->second.terminating) {
+        workers.push_back(&pod->second.object);
+      }
+    }
+    if (auto next = progress_->track(p.key, current ? &chief->second.object : nullptr,
+                                     std::chrono::seconds(spec.progress_interval_seconds), st,
+                                     p.now, workers)) {
       p.requeue_in(*next);
     }
   }

@@ -15,6 +15,15 @@
 // reconciles the job promptly. A failed read (pod unreachable, slow, not serving yet, garbage)
 // keeps the last sample and is no error: the status keeps the last progress.
 //
+// Which pod is the chief: the worker's chief role can move. When the chief replica is lost and
+// the survivors recover in place, the lowest surviving rank takes over the chief's writes and the
+// re-created chief pod joins as a worker (worker/distributed/README.md, "Chief promotion"). Every
+// worker exports longhaul_worker_is_chief (1 on the replica that holds the role); the tracker
+// reads the pod that last said 1 (at first the TF_CONFIG chief pod) and, when it says 0 or does
+// not answer, the other pods of the group in rank order until one says 1 (a pod that does not
+// export the gauge counts as the chief only when it is the TF_CONFIG chief: older workers). So a
+// steady job costs one read per interval; a hand-over costs at most one read per pod, once.
+//
 // Writes: apply_progress() changes status.progress at most once per progressIntervalSeconds
 // (judged from status.progress.observedTime, so it survives operator restarts) and only when a
 // value changed; a job whose progress is unchanged costs no write, only a read of the chief's
@@ -51,6 +60,7 @@ struct ProgressSample {
   int64_t max_steps = 0;             // 0: not exported
   int64_t last_checkpoint_step = 0;  // meaningful only with last_checkpoint_unix > 0
   int64_t last_checkpoint_unix = 0;  // seconds since the epoch; 0: no checkpoint yet
+  int is_chief = -1;                 // longhaul_worker_is_chief: 1, 0, or -1 when not exported
   bool operator==(const ProgressSample&) const = default;
 };
 
@@ -104,16 +114,17 @@ class ProgressTracker {
   ProgressTracker(const ProgressTracker&) = delete;
   ProgressTracker& operator=(const ProgressTracker&) = delete;
 
-  // One reconcile's share, never blocking on the network: `chief_pod` is the chief pod of the
-  // current incarnation (nullptr when there is none). Starts a read of its endpoint when none
-  // is in flight and the last one started `interval` or more before `now` (or the endpoint
-  // changed), then applies the newest sample to `status` (apply_progress). Returns when to
-  // reconcile again for the next read or a rate-limited change; nullopt when the chief has no
-  // metrics endpoint (the pod's own events bring the next reconcile).
-  std::optional<std::chrono::milliseconds> track(const std::string& job_key,
-                                                 const nlohmann::json* chief_pod,
-                                                 std::chrono::seconds interval,
-                                                 api::TrainingJobStatus& status, api::Time now);
+  // One reconcile's share, never blocking on the network: `chief_pod` is the TF_CONFIG chief pod
+  // of the current incarnation (nullptr when there is none), `other_pods` the group's other
+  // current pods in rank order (where the chief role may have moved, see above). Starts a read
+  // when none is in flight and the last one started `interval` or more before `now` (or the
+  // endpoints changed), then applies the newest sample to `status` (apply_progress). Returns when
+  // to reconcile again for the next read or a rate-limited change; nullopt when no pod has a
+  // metrics endpoint (the pods' own events bring the next reconcile).
+  std::optional<std::chrono::milliseconds> track(
+      const std::string& job_key, const nlohmann::json* chief_pod, std::chrono::seconds interval,
+      api::TrainingJobStatus& status, api::Time now,
+      const std::vector<const nlohmann::json*>& other_pods = {});
   // The job is gone: drop its entry (a read in flight is discarded).
   void forget(const std::string& job_key);
   // Tests: waits until no read is queued or in flight; false after `timeout`.
@@ -122,7 +133,9 @@ class ProgressTracker {
  private:
   struct Entry {
     uint64_t id = 0;  // distinguishes an entry from a re-created one of the same key
-    std::optional<MetricsEndpoint> endpoint;
+    std::vector<MetricsEndpoint> endpoints;  // the TF_CONFIG chief's first (when it has one)
+    bool first_is_tf_config_chief = false;
+    std::optional<MetricsEndpoint> chief;  // the endpoint that last said longhaul_worker_is_chief 1
     std::optional<api::Time> last_attempt;
     bool in_flight = false;
     std::optional<ProgressSample> sample;
@@ -131,7 +144,8 @@ class ProgressTracker {
   struct Read {
     std::string key;
     uint64_t id;
-    MetricsEndpoint endpoint;
+    std::vector<MetricsEndpoint> endpoints;  // tried in order until one is the chief
+    std::optional<MetricsEndpoint> tf_config_chief;
   };
   void scrape_loop();
 
