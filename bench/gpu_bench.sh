@@ -100,7 +100,7 @@ else
   NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
   export NVCC
-  INC=(-I"$ROOT/base/include" -I"$ROOT/worker/model/include"
+  INC=(-I"$ROOT/base/include" -I"$ROOT/worker/model/include" -I"$ROOT/worker/kernels/common/include"
        -I"$ROOT/worker/kernels/cuda/include" -I"$ROOT/worker/model/cuda/include"
        -I"$CUDA_HOME/include")
   OBJ=$BUILD/direct

@@ -39,7 +39,9 @@ int64_t product(const std::vector<int64_t>& shape) {
 
 int64_t NamedTensor::numel() const { return product(shape); }
 
-bool is_weight_decayed(const NamedTensor& parameter) { return parameter.shape.size() == 2; }
+bool is_weight_decayed(std::span<const int64_t> shape) { return shape.size() == 2; }
+
+bool is_weight_decayed(const NamedTensor& parameter) { return is_weight_decayed(parameter.shape); }
 
 void InMemoryTensorReader::add(std::string name, std::vector<int64_t> shape,
                                std::vector<float> values) {

@@ -14,6 +14,7 @@
 #include <longhaul/kernels/cpu/matmul.h>
 
 #include "longhaul/selfcheck/selfcheck.h"
+#include "selfcheck_internal.h"
 
 namespace longhaul::selfcheck {
 namespace {
@@ -121,16 +122,8 @@ Tensors classifier(const Case& k) {
 
 Tensors adamw(const Case& k) {
   Vec params = k.inputs.at("params"), m = k.inputs.at("m"), v = k.inputs.at("v");
-  cpu::AdamWHyper h;
-  h.lr = static_cast<float>(k.scalars.at("lr"));
-  h.beta1 = static_cast<float>(k.scalars.at("beta1"));
-  h.beta2 = static_cast<float>(k.scalars.at("beta2"));
-  h.eps = static_cast<float>(k.scalars.at("eps"));
-  h.weight_decay = static_cast<float>(k.scalars.at("weight_decay"));
-  h.grad_scale = static_cast<float>(k.scalars.at("grad_scale"));
-  h.t = static_cast<int64_t>(k.scalars.at("t"));
   cpu::adamw_update(params.data(), k.inputs.at("grads").data(), m.data(), v.data(), params.size(),
-                    h);
+                    adamw_hyper(k));
   return {{"master", params}, {"m", m}, {"v", v}};
 }
 

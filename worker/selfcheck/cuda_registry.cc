@@ -25,6 +25,8 @@
 #include <longhaul/kernels/cuda/layernorm.h>
 #include <longhaul/kernels/cuda/matmul.h>
 
+#include "selfcheck_internal.h"
+
 namespace longhaul::selfcheck {
 namespace {
 
@@ -336,17 +338,9 @@ Tensors adamw(int device, const Case& c) {
                                    1});
   }
   auto d_chunks = run.of(chunks);  // on the run's stream, complete on return
-  k::AdamWHyper h;
-  h.lr = static_cast<float>(c.scalars.at("lr"));
-  h.beta1 = static_cast<float>(c.scalars.at("beta1"));
-  h.beta2 = static_cast<float>(c.scalars.at("beta2"));
-  h.eps = static_cast<float>(c.scalars.at("eps"));
-  h.weight_decay = static_cast<float>(c.scalars.at("weight_decay"));
-  h.grad_scale = static_cast<float>(c.scalars.at("grad_scale"));
-  h.t = static_cast<int64_t>(c.scalars.at("t"));
-  h.seed = 1234;
   k::adamw_update_chunks(params->get(), master->get(), grads->get(), m->get(), v->get(),
-                         d_chunks->get(), static_cast<int>(chunks.size()), h, run.stream());
+                         d_chunks->get(), static_cast<int>(chunks.size()), adamw_hyper(c),
+                         run.stream());
   return {{"master", run.get(*master, n)},
           {"m", run.get(*m, n)},
           {"v", run.get(*v, n)},

@@ -374,6 +374,19 @@ std::vector<float> maybe_round(std::vector<float> x, bool to_bf16) {
   return to_bf16 ? round_bf16(x) : x;
 }
 
+kernels::AdamWHyper adamw_hyper(const Case& c) {
+  kernels::AdamWHyper h;
+  h.lr = static_cast<float>(c.scalars.at("lr"));
+  h.beta1 = static_cast<float>(c.scalars.at("beta1"));
+  h.beta2 = static_cast<float>(c.scalars.at("beta2"));
+  h.eps = static_cast<float>(c.scalars.at("eps"));
+  h.weight_decay = static_cast<float>(c.scalars.at("weight_decay"));
+  h.grad_scale = static_cast<float>(c.scalars.at("grad_scale"));
+  h.t = static_cast<int64_t>(c.scalars.at("t"));
+  h.seed = 1234;
+  return h;
+}
+
 OutputKind output_kind(Family family, const std::string& output) {
   switch (family) {
     case Family::kEmbedding:

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <longhaul/kernels/adamw_hyper.h>
+
 #include "longhaul/selfcheck/selfcheck.h"
 
 namespace longhaul::selfcheck {
@@ -16,5 +18,8 @@ OutputKind output_kind(Family family, const std::string& output);
 float round_bf16(float x);
 std::vector<float> round_bf16(const std::vector<float>& x);
 std::vector<float> maybe_round(std::vector<float> x, bool to_bf16);
+
+// The AdamW case's scalars (families.cc) as both optimizers take them; seed 1234.
+kernels::AdamWHyper adamw_hyper(const Case& c);
 
 }  // namespace longhaul::selfcheck

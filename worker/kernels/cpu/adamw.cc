@@ -9,8 +9,8 @@ namespace longhaul::kernels::cpu {
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
                   const AdamWHyper& hyper) {
   const float b1 = hyper.beta1, b2 = hyper.beta2;
-  const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), hyper.t));
-  const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), hyper.t));
+  const float c1 = adamw_bias_correction(b1, hyper.t);
+  const float c2 = adamw_bias_correction(b2, hyper.t);
   const float lr = hyper.lr, eps = hyper.eps, wd = hyper.weight_decay, gs = hyper.grad_scale;
   const long long count = static_cast<long long>(n);
   const bool parallel = n >= kParallelMinWork;

@@ -34,8 +34,8 @@ Constants constants(const AdamWHyper& hyper) {
   k.eps = hyper.eps;
   k.wd = hyper.weight_decay;
   k.grad_scale = hyper.grad_scale;
-  k.correction1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(hyper.beta1), hyper.t));
-  k.correction2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(hyper.beta2), hyper.t));
+  k.correction1 = adamw_bias_correction(hyper.beta1, hyper.t);
+  k.correction2 = adamw_bias_correction(hyper.beta2, hyper.t);
   k.seed = detail::hash32(hyper.seed);
   return k;
 }

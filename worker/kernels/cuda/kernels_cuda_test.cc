@@ -572,11 +572,7 @@ TEST(AdamWTest, MatchesCpuAndRoundsStochastically) {
   std::vector<float> params = params0, m = m0, v = v0;
   cpu::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, cpu_hyper);
 
-  AdamWHyper hyper;
-  hyper.lr = cpu_hyper.lr;
-  hyper.weight_decay = cpu_hyper.weight_decay;
-  hyper.grad_scale = cpu_hyper.grad_scale;
-  hyper.t = cpu_hyper.t;
+  AdamWHyper hyper = cpu_hyper;  // one type: the CPU update ignores the rounding seed
   hyper.seed = 1234;
   DeviceArray<float> d_master(params0), d_grads(grads), d_m(m0), d_v(v0);
   DeviceArray<bf16> d_params(n);

@@ -339,15 +339,9 @@ float CpuGPT2::gradient_norm() {
 
 void CpuGPT2::optimizer_step(const AdamWOptions& options, float lr, float grad_scale) {
   ++step_;
-  k::AdamWHyper hyper;
-  hyper.lr = lr;
-  hyper.beta1 = options.beta1;
-  hyper.beta2 = options.beta2;
-  hyper.eps = options.eps;
-  hyper.grad_scale = grad_scale;
-  hyper.t = step_;
+  k::AdamWHyper hyper = kernels::adamw_step(options, lr, grad_scale, step_);
   for (const TensorLayout& t : layout_) {
-    hyper.weight_decay = t.shape.size() == 2 ? options.weight_decay : 0.0f;
+    hyper.weight_decay = is_weight_decayed(t.shape) ? options.weight_decay : 0.0f;
     k::adamw_update(params_.data() + t.offset, grads_.data() + t.offset, m_.data() + t.offset,
                     v_.data() + t.offset, t.numel, hyper);
   }

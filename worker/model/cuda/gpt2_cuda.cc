@@ -228,7 +228,7 @@ std::vector<k::AdamWChunk> make_chunks(const ParameterLayout& layout, const Shap
       c.offset = static_cast<long long>(t.offset + start);
       c.param_offset = static_cast<long long>(param_offset + start);
       c.n = static_cast<int>(std::min<size_t>(k::kAdamWChunk, t.numel - start));
-      c.decay = t.shape.size() == 2 ? 1 : 0;  // model::is_weight_decayed's rule
+      c.decay = model::is_weight_decayed(t.shape) ? 1 : 0;
       chunks.push_back(c);
     }
   }
@@ -671,14 +671,7 @@ float GPT2Cuda::gradient_norm() {
 void GPT2Cuda::optimizer_step(const model::AdamWOptions& options, float lr, float grad_scale) {
   activate();
   ++step_;
-  k::AdamWHyper hyper;
-  hyper.lr = lr;
-  hyper.beta1 = options.beta1;
-  hyper.beta2 = options.beta2;
-  hyper.eps = options.eps;
-  hyper.weight_decay = options.weight_decay;
-  hyper.grad_scale = grad_scale;
-  hyper.t = step_;
+  k::AdamWHyper hyper = kernels::adamw_step(options, lr, grad_scale, step_);
   // The rounding stream of step t from seed s: distinct for every (s, t).
   hyper.seed = static_cast<uint32_t>((seed_ * 0x9E3779B97F4A7C15ull) ^
                                      (static_cast<uint64_t>(step_) * 0xBF58476D1CE4E5B9ull) ^

@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include <longhaul/kernels/adamw_hyper.h>
 #include <longhaul/model/config.h>
 #include <longhaul/model/pretrained.h>
 
@@ -60,15 +61,11 @@ struct HostCopy {
   std::span<std::byte> host_dst;
 };
 
-// AdamW hyper-parameters (learning rate and clipping scale are per step arguments). The
-// defaults are GPT-2 / nanoGPT's. Weight decay applies only to 2-D tensors (wte, wpe and the
-// four matmul weights of each block), never to biases or layernorm parameters.
-struct AdamWOptions {
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.1f;
-};
+// AdamW hyper-parameters (learning rate and clipping scale are per step arguments), one
+// definition with the kernels' (longhaul/kernels/adamw_hyper.h). The defaults are GPT-2 /
+// nanoGPT's. Weight decay applies only to 2-D tensors (wte, wpe and the four matmul weights of
+// each block), never to biases or layernorm parameters: is_weight_decayed below.
+using AdamWOptions = kernels::AdamWOptions;
 
 class LanguageModel {
  public:
@@ -180,7 +177,8 @@ class LanguageModel {
   GradientReadyCallback gradient_ready_callback_;  // empty: notifications off
 };
 
-// Whether a parameter gets weight decay (2-D tensors only).
+// Whether a parameter gets weight decay (2-D tensors only); every backend's optimizer uses it.
+bool is_weight_decayed(std::span<const int64_t> shape);
 bool is_weight_decayed(const NamedTensor& parameter);
 
 }  // namespace longhaul::model

@@ -1,23 +1,15 @@
 // AdamW on fp32 master weights, writing the bf16 working copy with stochastic rounding
-// (see adamw.cu). Same update as kernels::cpu::adamw_update.
+// (see adamw.cu). Same update and the same AdamWHyper as kernels::cpu::adamw_update
+// (longhaul/kernels/adamw_hyper.h); hyper.seed keys the rounding.
 #pragma once
 
-#include <cstdint>
+#include <longhaul/kernels/adamw_hyper.h>
 
 #include "longhaul/kernels/cuda/types.h"
 
 namespace longhaul::kernels::cuda {
 
-struct AdamWHyper {
-  float lr = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  float grad_scale = 1.0f;  // multiplies the gradient (global-norm clipping, accumulation)
-  int64_t t = 1;            // the step being taken, 1-based, for bias correction
-  uint32_t seed = 0;        // stochastic-rounding stream; vary per step for unbiased rounding
-};
+using kernels::AdamWHyper;
 
 // master/m/v updated in place; params = stochastic_round_bf16(master). Gradients are read only.
 void adamw_update(bf16* params,        // (n) bf16 working copy
