@@ -421,6 +421,94 @@ TEST_F(CommunicatorTest, ChiefRoleStaysWithASurvivorAndMovesToTheLowestSurvivorW
   });
 }
 
+// A model on a device whose gradients Gloo does not reduce (a CUDA model: NCCL). Only what
+// DataParallel touches is real: the name and the flat gradient buffer (kept in host memory here).
+class FakeDeviceModel : public model::LanguageModel {
+ public:
+  explicit FakeDeviceModel(size_t n) : grads_(n) {}
+  const model::GPT2Config& config() const override { return config_; }
+  std::string_view device_name() const override { return "fake-device"; }
+  int64_t num_parameters() const override { return static_cast<int64_t>(grads_.size()); }
+  int max_batch_size() const override { return 1; }
+  int max_seq_len() const override { return 1; }
+  void init_weights(uint64_t) override {}
+  float forward_backward(const int32_t*, const int32_t*, int, int, float) override { return 0; }
+  float forward_loss(const int32_t*, const int32_t*, int, int) override { return 0; }
+  void zero_grad() override {}
+  float gradient_norm() override { return 0; }
+  void optimizer_step(const model::AdamWOptions&, float, float) override {}
+  std::span<float> parameters_flat() override { return grads_; }
+  std::span<float> gradients_flat() override { return grads_; }
+  std::vector<model::NamedTensor> named_parameters() override { return {}; }
+  std::vector<model::NamedTensor> named_optimizer_state() override { return {}; }
+  int64_t optimizer_step_count() const override { return 0; }
+  void set_optimizer_step_count(int64_t) override {}
+
+  std::vector<float> grads_;
+
+ private:
+  model::GPT2Config config_{};
+};
+
+// Stands in for NCCL without a GPU: the mean over the group it was made for (by Gloo); it throws
+// Aborted, as an NCCL communicator aborted after a lost peer does, while `fail` is set.
+class FakeDeviceAllreduce : public DeviceAllreduce {
+ public:
+  FakeDeviceAllreduce(Communicator& group, const std::atomic<bool>& fail)
+      : group_(group), fail_(fail) {}
+  void allreduce_mean(float* data, size_t count) override {
+    if (fail_.load()) throw Aborted("fake device all-reduce: a peer was lost");
+    group_.allreduce_sum(std::span<float>(data, count));
+    for (size_t i = 0; i < count; ++i) data[i] /= static_cast<float>(group_.world_size());
+  }
+
+ private:
+  Communicator& group_;
+  const std::atomic<bool>& fail_;
+};
+
+// The regroup path of a device model is the Gloo path (data_parallel.h): its all-reduce is made
+// over the group at the first step, a failure of it reaches the training loop as Aborted, and
+// after the regroup a new one is made over the NEW group (a device communicator is bound to the
+// members it was made for and never reused), after which the mean is right again.
+TEST_F(CommunicatorTest, DeviceAllreduceIsRemadeOverTheNewGroupAfterARegroup) {
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      std::atomic<bool> fail{false};
+      std::vector<const Communicator*> made_over;
+      DataParallelOptions o;
+      o.make_device_allreduce = [&](Communicator& group) {
+        made_over.push_back(&group);
+        return std::make_unique<FakeDeviceAllreduce>(group, fail);
+      };
+      DataParallel dp(rendezvous(options(r, 3)), o);
+      dp.set_regroup(options(r, 3), 20);
+      FakeDeviceModel model(64);
+      auto step = [&] {
+        std::fill(model.grads_.begin(), model.grads_.end(), static_cast<float>(r + 1));
+        dp.average_gradients(model);
+      };
+      step();
+      step();
+      EXPECT_EQ(model.grads_, std::vector<float>(64, 2.0f)) << "mean of 1, 2, 3";
+      EXPECT_EQ(dp.device_allreduces_made(), 1) << "made once per group, not per step";
+      fail = true;  // a peer is lost: the device collective fails on every rank
+      EXPECT_THROW(step(), Aborted);
+      fail = false;
+      FakeState state(8);
+      state.step_ = 7;
+      ASSERT_TRUE(dp.regroup(state));
+      step();
+      EXPECT_EQ(model.grads_, std::vector<float>(64, 2.0f));
+      EXPECT_EQ(dp.device_allreduces_made(), 2);
+      ASSERT_EQ(made_over.size(), 2u);
+      EXPECT_EQ(made_over[1], &dp.communicator()) << "made over the re-formed group";
+    }));
+  }
+  for (auto& f : ranks) f.get();
+}
+
 TEST_F(CommunicatorTest, LossShownByEveryRankIsTheMeanOverRanks) {
   run_group(3, [](int rank, Communicator& comm) {
     DataParallel dp(std::make_unique<ProxyCommunicator>(comm));

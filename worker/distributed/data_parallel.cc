@@ -377,24 +377,37 @@ void DataParallel::allreduce_whole(model::LanguageModel& model) {
     group().allreduce_sum(grads);
     const float scale = 1.0f / static_cast<float>(world_size());
     for (float& g : grads) g *= scale;
-  } else if (device_ || nccl_available()) {
-    // A CUDA model: NCCL, created at the first step on the training thread (whose current
-    // device is the model's), bootstrapped over this group's communicator.
-    if (!device_) {
-      device_ = make_nccl_allreduce(group(), -1, options_.device_timeout);
-      verify_device_allreduce(*device_, rank(), world_size());  // selfcheck: before any update
-    }
-    device_->allreduce_mean(grads.data(), grads.size());
-    // ncclAvg: already the mean.
   } else {
-    throw FailedPrecondition("the " + std::string(model.device_name()) +
-                             " model needs NCCL for gradient all-reduce, and this build has no "
-                             "NCCL; train on CPU or build with CUDA and NCCL");
+    // A device model: its all-reduce is made at the first step of each group on the training
+    // thread (whose current device is the model's), over this group's communicator.
+    if (!device_) {
+      device_ = make_device_allreduce(model);
+      ++device_allreduces_made_;
+    }
+    try {
+      device_->allreduce_mean(grads.data(), grads.size());  // ncclAvg: already the mean
+    } catch (const Aborted&) {
+      device_.reset();  // aborted (ncclCommAbort): unusable, like the group it was made for
+      throw;
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> lock(mu_);
   busy_seconds_ += seconds;
+}
+
+std::unique_ptr<DeviceAllreduce> DataParallel::make_device_allreduce(
+    const model::LanguageModel& model) {
+  if (options_.make_device_allreduce) return options_.make_device_allreduce(group());
+  if (!nccl_available()) {
+    throw FailedPrecondition("the " + std::string(model.device_name()) +
+                             " model needs NCCL for gradient all-reduce, and this build has no "
+                             "NCCL; train on CPU or build with CUDA and NCCL");
+  }
+  auto device = make_nccl_allreduce(group(), -1, options_.device_timeout);
+  verify_device_allreduce(*device, rank(), world_size());  // selfcheck: before any update
+  return device;
 }
 
 Communicator& DataParallel::group() {

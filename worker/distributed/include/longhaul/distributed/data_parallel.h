@@ -96,6 +96,7 @@
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -148,14 +149,23 @@ struct DataParallelOptions {
   size_t bucket_bytes = 0;
   // Bounds each NCCL collective of a CUDA model.
   std::chrono::milliseconds device_timeout = std::chrono::seconds(300);
+  // Makes a device model's all-reduce over `group` (the Gloo group formed through the logdir):
+  // at the first gradient collective and again after every regroup, because a device
+  // communicator is bound to the members of the group it was made for. Empty (production): NCCL,
+  // bootstrapped over the group (make_nccl_allreduce) and checked once (verify_device_allreduce),
+  // when the build has it; FailedPrecondition otherwise. Tests inject an all-reduce that fails on
+  // demand, so the regroup path of device models runs without a GPU. Everything else about a
+  // lost peer (the stop agreement, the commit rule, the state broadcast, the chief role) is the
+  // Gloo path's, shared by CPU and device models.
+  std::function<std::unique_ptr<DeviceAllreduce>(Communicator& group)> make_device_allreduce;
 
   static constexpr size_t kDefaultBucketBytes = size_t{25} << 20;  // PyTorch DDP's bucket_cap_mb
 };
 
 class DataParallel {
  public:
-  // `device` may be null: a CUDA model then gets an NCCL all-reduce at its first step when the
-  // build has NCCL, else FailedPrecondition.
+  // `device` may be null: a device model then gets one from options.make_device_allreduce at its
+  // first step (see there).
   explicit DataParallel(std::unique_ptr<Communicator> comm, DataParallelOptions options = {},
                         std::unique_ptr<DeviceAllreduce> device = nullptr);
   // Stops and joins the communication thread (waiting for a bucket in flight, which the
@@ -194,6 +204,8 @@ class DataParallel {
   bool regroup(supervisor::TrainingState& state);
   // Successful regroups so far (tests, logs).
   int64_t regroups() const { return regroups_; }
+  // Device all-reduces made so far (tests: one per group a device model trained in).
+  int64_t device_allreduces_made() const { return device_allreduces_made_; }
   // Call right before the forward_backward of a step's last micro-batch (see above); the model
   // must stay alive until average_gradients. Does nothing for one replica, a CUDA model, a model
   // that does not report per layer, or with overlap off.
@@ -247,6 +259,8 @@ class DataParallel {
   // Waits for buckets in flight so the training thread may use the communicator.
   void quiesce();
   void allreduce_whole(model::LanguageModel& model);
+  // A device model's all-reduce over the current group (DataParallelOptions).
+  std::unique_ptr<DeviceAllreduce> make_device_allreduce(const model::LanguageModel& model);
   // The live communicator; PeerLost when there is none (a regroup failed).
   Communicator& group();
 
@@ -257,7 +271,8 @@ class DataParallel {
   bool regroup_enabled_ = false;
   RendezvousOptions regroup_options_;
   int64_t regroups_ = 0;
-  std::unique_ptr<DeviceAllreduce> device_;
+  std::unique_ptr<DeviceAllreduce> device_;  // bound to comm_'s members; dropped at a regroup
+  int64_t device_allreduces_made_ = 0;
   bool stop_by_peer_ = false;
   double allreduce_seconds_ = 0;
   int64_t averaged_steps_ = 0;
