@@ -186,6 +186,99 @@ std::string DevicePlan::details() const {
   return out;
 }
 
+namespace {
+
+// The device kernels, one family at a time, with fallbacks; failures and fallbacks are logged.
+Report check_kernels(const model::GPT2Config& config, const PlanOptions& options) {
+  Registry cuda;
+  const Registry* registry = options.device_registry;
+  if (registry == nullptr) {
+    cuda = cuda_kernel_registry(options.device_ordinal);
+    registry = &cuda;
+  }
+  const CheckShape shape =
+      check_shape_for(config.n_embd, config.n_head, config.vocab_size, config.context_length);
+  Report report = run_self_check(*registry, shape, cuda_families());
+  report.backend = options.device_name;
+  for (const FamilyResult& f : report.families) {
+    for (const Attempt& a : f.attempts) {
+      if (!a.passed) {
+        LH_LOG(WARNING) << "self-check: kernel failed" << kv("what", a.failure);
+      }
+    }
+    if (f.status == Status::kFallback) {
+      LH_LOG(WARNING) << "self-check: falling back" << kv("family", family_name(f.family))
+                      << kv("implementation", *f.chosen);
+    }
+  }
+  return report;
+}
+
+// The whole model for one step with the kernels the report chose (into plan.cuda), once more
+// with the conservative ones if that fails. Returns whether the conservative ones were needed.
+bool check_model_with_fallback(const model::GPT2Config& config, const PlanOptions& options,
+                               Report& report, DevicePlan& plan) {
+  plan.cuda = options_from(report, options.device_ordinal);
+  const ModelFactory device_model = options.device_model ? options.device_model : cuda_factory();
+  const model::GPT2Config small = step_check_config(config);
+  report.model_step = check_model_step(device_model, cpu_factory(), small, plan.cuda);
+  if (report.model_step.passed) return false;
+  LH_LOG(WARNING) << "self-check: model step failed with the chosen kernels; retrying with "
+                     "cuBLAS attention and separate epilogue kernels"
+                  << kv("what", report.model_step.failure);
+  CudaOptions conservative;
+  conservative.device = options.device_ordinal;
+  conservative.attention = AttentionKernel::kCublas;
+  conservative.bias_epilogue = conservative.gelu_epilogue = conservative.bias_grad_epilogue = false;
+  const ModelStepResult first = report.model_step;
+  ModelStepResult second = check_model_step(device_model, cpu_factory(), small, conservative);
+  if (!second.passed) {
+    report.model_step.failure =
+        first.failure + "; with cuBLAS attention and separate kernels: " + second.failure;
+    return false;
+  }
+  plan.cuda = conservative;
+  report.model_step = second;
+  report.model_step.description += " (after falling back: " + first.failure + ")";
+  return true;
+}
+
+// The plan once the self-check has run: the device when it passed, else the CPU or an error.
+DevicePlan conclude(DevicePlan plan, const PlanOptions& options, bool conservative_used) {
+  const Report& report = *plan.report;
+  const bool required = options.device == "cuda";
+  if (report.passed()) {
+    plan.device = options.device_name;
+    bool fallback = conservative_used;
+    for (const FamilyResult& f : report.families)
+      fallback = fallback || f.status == Status::kFallback;
+    plan.self_check = fallback ? "fallback" : "passed";
+    return plan;
+  }
+  std::string failures;
+  for (const std::string& f : report.failures()) failures += (failures.empty() ? "" : "; ") + f;
+  if (!required && !options.allow_cpu_fallback) {
+    throw FailedPrecondition("the GPU failed the start-up self-check: " + failures +
+                             ". This replica cannot train on the CPU instead: a data-parallel "
+                             "group cannot mix CPU and GPU replicas. Run `longhaul-worker doctor` "
+                             "on this node");
+  }
+  if (required) {
+    throw FailedPrecondition(
+        "the GPU failed the start-up self-check, so it would train a wrong "
+        "model: " +
+        failures +
+        ". Run `longhaul-worker doctor` for the full report; use device: "
+        "auto to train on the CPU instead");
+  }
+  plan.device = "cpu";
+  plan.self_check = "failed";
+  plan.why_cpu = "the GPU failed the start-up self-check: " + failures;
+  return plan;
+}
+
+}  // namespace
+
 DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& options) {
   DevicePlan plan;
   if (options.device == "cpu") {
@@ -215,93 +308,14 @@ DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& optio
     plan.self_check = "off";
     return plan;
   }
-
-  // The kernels, one family at a time, with fallbacks.
-  Registry cuda;
-  const Registry* registry = options.device_registry;
-  if (registry == nullptr) {
-    cuda = cuda_kernel_registry(options.device_ordinal);
-    registry = &cuda;
-  }
-  const CheckShape shape =
-      check_shape_for(config.n_embd, config.n_head, config.vocab_size, config.context_length);
-  Report report = run_self_check(*registry, shape, cuda_families());
-  report.backend = options.device_name;
-  for (const FamilyResult& f : report.families) {
-    for (const Attempt& a : f.attempts) {
-      if (!a.passed) {
-        LH_LOG(WARNING) << "self-check: kernel failed" << kv("what", a.failure);
-      }
-    }
-    if (f.status == Status::kFallback) {
-      LH_LOG(WARNING) << "self-check: falling back" << kv("family", family_name(f.family))
-                      << kv("implementation", *f.chosen);
-    }
-  }
-  bool kernels_ok = true, conservative_used = false;
+  Report report = check_kernels(config, options);
+  bool kernels_ok = true;
   for (const FamilyResult& f : report.families)
     kernels_ok = kernels_ok && f.status != Status::kFail;
-
-  // The whole model for one step, with the chosen kernels; once more with the conservative
-  // ones if that fails.
-  if (kernels_ok) {
-    plan.cuda = options_from(report, options.device_ordinal);
-    const ModelFactory device_model = options.device_model ? options.device_model : cuda_factory();
-    const model::GPT2Config small = step_check_config(config);
-    report.model_step = check_model_step(device_model, cpu_factory(), small, plan.cuda);
-    if (!report.model_step.passed) {
-      LH_LOG(WARNING) << "self-check: model step failed with the chosen kernels; retrying with "
-                         "cuBLAS attention and separate epilogue kernels"
-                      << kv("what", report.model_step.failure);
-      CudaOptions conservative;
-      conservative.device = options.device_ordinal;
-      conservative.attention = AttentionKernel::kCublas;
-      conservative.bias_epilogue = conservative.gelu_epilogue = conservative.bias_grad_epilogue =
-          false;
-      const ModelStepResult first = report.model_step;
-      ModelStepResult second = check_model_step(device_model, cpu_factory(), small, conservative);
-      if (second.passed) {
-        plan.cuda = conservative;
-        conservative_used = true;
-        report.model_step = second;
-        report.model_step.description += " (after falling back: " + first.failure + ")";
-      } else {
-        report.model_step.failure = first.failure +
-                                    "; with cuBLAS attention and separate "
-                                    "kernels: " +
-                                    second.failure;
-      }
-    }
-  }
-  plan.report = report;
-  if (report.passed()) {
-    plan.device = options.device_name;
-    bool fallback = conservative_used;
-    for (const FamilyResult& f : report.families)
-      fallback = fallback || f.status == Status::kFallback;
-    plan.self_check = fallback ? "fallback" : "passed";
-    return plan;
-  }
-  std::string failures;
-  for (const std::string& f : report.failures()) failures += (failures.empty() ? "" : "; ") + f;
-  if (!required && !options.allow_cpu_fallback) {
-    throw FailedPrecondition("the GPU failed the start-up self-check: " + failures +
-                             ". This replica cannot train on the CPU instead: a data-parallel "
-                             "group cannot mix CPU and GPU replicas. Run `longhaul-worker doctor` "
-                             "on this node");
-  }
-  if (required) {
-    throw FailedPrecondition(
-        "the GPU failed the start-up self-check, so it would train a wrong "
-        "model: " +
-        failures +
-        ". Run `longhaul-worker doctor` for the full report; use device: "
-        "auto to train on the CPU instead");
-  }
-  plan.device = "cpu";
-  plan.self_check = "failed";
-  plan.why_cpu = "the GPU failed the start-up self-check: " + failures;
-  return plan;
+  const bool conservative_used =
+      kernels_ok && check_model_with_fallback(config, options, report, plan);
+  plan.report = std::move(report);
+  return conclude(std::move(plan), options, conservative_used);
 }
 
 }  // namespace longhaul::selfcheck
