@@ -83,10 +83,9 @@ void GPT2Inference::ensure_rows(int rows) {
   scores_.resize(static_cast<size_t>(max_tokens_));
 }
 
-std::span<const float> GPT2Inference::append(std::span<const int32_t> tokens) {
+void GPT2Inference::check_append(std::span<const int32_t> tokens) const {
   const int N = static_cast<int>(tokens.size());
-  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
-  const int hs = C / NH;
+  const int V = config_.vocab_size;
   if (N < 1) throw InvalidArgument("GPT2Inference::append: no tokens");
   if (position_ + N > max_tokens_) {
     throw InvalidArgument("GPT2Inference: " + std::to_string(position_) + " + " +
@@ -99,76 +98,96 @@ std::span<const float> GPT2Inference::append(std::span<const int32_t> tokens) {
                             std::to_string(V) + ") (model.vocab_size)");
     }
   }
-  ensure_rows(N);
-  auto p = [&](const TensorLayout& t) { return params_.data() + t.offset; };
-  auto blk = [&](int l, BlockTensor i) { return p(layout_.block(l, i)); };
-  const size_t NC = static_cast<size_t>(N) * C;
+}
 
-  // Embedding: token + position.
-  const float* wte = p(layout_.wte());
-  const float* wpe = p(layout_.wpe());
-  for (int i = 0; i < N; ++i) {
+const float* GPT2Inference::tensor(const TensorLayout& t) const {
+  return params_.data() + t.offset;
+}
+
+void GPT2Inference::embed(std::span<const int32_t> tokens) {
+  const int C = config_.n_embd;
+  const float* wte = tensor(layout_.wte());
+  const float* wpe = tensor(layout_.wpe());
+  for (size_t i = 0; i < tokens.size(); ++i) {
     const float* e = wte + static_cast<size_t>(tokens[i]) * C;
-    const float* q = wpe + static_cast<size_t>(position_ + i) * C;
-    float* x = x_.data() + static_cast<size_t>(i) * C;
+    const float* q = wpe + (static_cast<size_t>(position_) + i) * C;
+    float* x = x_.data() + i * C;
     for (int c = 0; c < C; ++c) x[c] = e[c] + q[c];
   }
+}
+
+void GPT2Inference::attend(int layer, int N) {
+  const int C = config_.n_embd, NH = config_.n_head;
+  const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int l = 0; l < config_.n_layer; ++l) {
-    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), blk(l, kLn1W),
-                         blk(l, kLn1B), N, C);
-    k::matmul_forward(qkv_.data(), ln_.data(), blk(l, kQkvW), blk(l, kQkvB), N, C, 3 * C);
-    // New keys and values into the cache, then causal attention over the cache.
-    float* keys = keys_.data() + static_cast<size_t>(l) * max_tokens_ * C;
-    float* values = values_.data() + static_cast<size_t>(l) * max_tokens_ * C;
-    for (int i = 0; i < N; ++i) {
-      const float* row = qkv_.data() + static_cast<size_t>(i) * 3 * C;
-      std::copy(row + C, row + 2 * C, keys + static_cast<size_t>(position_ + i) * C);
-      std::copy(row + 2 * C, row + 3 * C, values + static_cast<size_t>(position_ + i) * C);
-    }
-    for (int i = 0; i < N; ++i) {
-      const int seen = position_ + i + 1;  // attends to positions [0, seen)
-      const float* q_row = qkv_.data() + static_cast<size_t>(i) * 3 * C;
-      float* out = atty_.data() + static_cast<size_t>(i) * C;
-      for (int h = 0; h < NH; ++h) {
-        const float* q = q_row + h * hs;
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int s = 0; s < seen; ++s) {
-          const float* kv = keys + static_cast<size_t>(s) * C + h * hs;
-          float dot = 0.0f;
-          for (int d = 0; d < hs; ++d) dot += q[d] * kv[d];
-          scores_[s] = dot * scale;
-          max_score = std::max(max_score, scores_[s]);
-        }
-        float sum = 0.0f;
-        for (int s = 0; s < seen; ++s) {
-          scores_[s] = std::exp(scores_[s] - max_score);
-          sum += scores_[s];
-        }
-        float* o = out + h * hs;
-        std::fill(o, o + hs, 0.0f);
-        for (int s = 0; s < seen; ++s) {
-          const float a = scores_[s] / sum;
-          const float* vv = values + static_cast<size_t>(s) * C + h * hs;
-          for (int d = 0; d < hs; ++d) o[d] += a * vv[d];
-        }
+  // New keys and values into the cache, then causal attention over the cache.
+  float* keys = keys_.data() + static_cast<size_t>(layer) * max_tokens_ * C;
+  float* values = values_.data() + static_cast<size_t>(layer) * max_tokens_ * C;
+  for (int i = 0; i < N; ++i) {
+    const float* row = qkv_.data() + static_cast<size_t>(i) * 3 * C;
+    std::copy(row + C, row + 2 * C, keys + static_cast<size_t>(position_ + i) * C);
+    std::copy(row + 2 * C, row + 3 * C, values + static_cast<size_t>(position_ + i) * C);
+  }
+  for (int i = 0; i < N; ++i) {
+    const int seen = position_ + i + 1;  // attends to positions [0, seen)
+    const float* q_row = qkv_.data() + static_cast<size_t>(i) * 3 * C;
+    float* out = atty_.data() + static_cast<size_t>(i) * C;
+    for (int h = 0; h < NH; ++h) {
+      const float* q = q_row + h * hs;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int s = 0; s < seen; ++s) {
+        const float* kv = keys + static_cast<size_t>(s) * C + h * hs;
+        float dot = 0.0f;
+        for (int d = 0; d < hs; ++d) dot += q[d] * kv[d];
+        scores_[s] = dot * scale;
+        max_score = std::max(max_score, scores_[s]);
+      }
+      float sum = 0.0f;
+      for (int s = 0; s < seen; ++s) {
+        scores_[s] = std::exp(scores_[s] - max_score);
+        sum += scores_[s];
+      }
+      float* o = out + h * hs;
+      std::fill(o, o + hs, 0.0f);
+      for (int s = 0; s < seen; ++s) {
+        const float a = scores_[s] / sum;
+        const float* vv = values + static_cast<size_t>(s) * C + h * hs;
+        for (int d = 0; d < hs; ++d) o[d] += a * vv[d];
       }
     }
-    k::matmul_forward(proj_.data(), atty_.data(), blk(l, kAttProjW), blk(l, kAttProjB), N, C, C);
-    for (size_t j = 0; j < NC; ++j) x_[j] += proj_[j];
-    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), blk(l, kLn2W),
-                         blk(l, kLn2B), N, C);
-    k::matmul_forward(fch_.data(), ln_.data(), blk(l, kFcW), blk(l, kFcB), N, C, 4 * C);
-    k::gelu_forward(fch_gelu_.data(), fch_.data(), NC * 4);
-    k::matmul_forward(proj_.data(), fch_gelu_.data(), blk(l, kFcProjW), blk(l, kFcProjB), N, 4 * C,
-                      C);
-    for (size_t j = 0; j < NC; ++j) x_[j] += proj_[j];
   }
+}
+
+void GPT2Inference::block(int l, int N) {
+  const int C = config_.n_embd;
+  const size_t NC = static_cast<size_t>(N) * C;
+  auto blk = [&](BlockTensor i) { return tensor(layout_.block(l, i)); };
+  k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), blk(kLn1W), blk(kLn1B), N,
+                       C);
+  k::matmul_forward(qkv_.data(), ln_.data(), blk(kQkvW), blk(kQkvB), N, C, 3 * C);
+  attend(l, N);
+  k::matmul_forward(proj_.data(), atty_.data(), blk(kAttProjW), blk(kAttProjB), N, C, C);
+  for (size_t j = 0; j < NC; ++j) x_[j] += proj_[j];
+  k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), blk(kLn2W), blk(kLn2B), N,
+                       C);
+  k::matmul_forward(fch_.data(), ln_.data(), blk(kFcW), blk(kFcB), N, C, 4 * C);
+  k::gelu_forward(fch_gelu_.data(), fch_.data(), NC * 4);
+  k::matmul_forward(proj_.data(), fch_gelu_.data(), blk(kFcProjW), blk(kFcProjB), N, 4 * C, C);
+  for (size_t j = 0; j < NC; ++j) x_[j] += proj_[j];
+}
+
+std::span<const float> GPT2Inference::append(std::span<const int32_t> tokens) {
+  check_append(tokens);
+  const int N = static_cast<int>(tokens.size());
+  const int C = config_.n_embd;
+  ensure_rows(N);
+  embed(tokens);
+  for (int l = 0; l < config_.n_layer; ++l) block(l, N);
   // Final layernorm and the tied classifier, for the last new token only.
   const float* last = x_.data() + static_cast<size_t>(N - 1) * C;
-  k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), last, p(layout_.lnf_weight()),
-                       p(layout_.lnf_bias()), 1, C);
-  k::matmul_nt_forward(logits_.data(), ln_.data(), wte, 1, C, V);
+  k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), last, tensor(layout_.lnf_weight()),
+                       tensor(layout_.lnf_bias()), 1, C);
+  k::matmul_nt_forward(logits_.data(), ln_.data(), tensor(layout_.wte()), 1, C, config_.vocab_size);
   position_ += N;
   return logits_;
 }

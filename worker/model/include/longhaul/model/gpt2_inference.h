@@ -60,6 +60,14 @@ class GPT2Inference {
 
  private:
   void ensure_rows(int rows);
+  // The pieces of append(): argument checks, token + position embedding into x_, one
+  // transformer block over the N new rows, and its attention (cache update, then causal
+  // attention of the new rows over the whole cache).
+  void check_append(std::span<const int32_t> tokens) const;
+  const float* tensor(const TensorLayout& t) const;
+  void embed(std::span<const int32_t> tokens);
+  void block(int layer, int N);
+  void attend(int layer, int N);
 
   GPT2Config config_;
   ParameterLayout layout_;
