@@ -35,6 +35,7 @@
 #include "longhaul/kernels/cuda/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -111,6 +112,67 @@ std::string describe(const GemmDesc& g) {
                       : std::string());
 }
 
+// The operation and the three matrix layouts of one product.
+void describe_call(Descriptors& desc, const GemmDesc& g, int lda, int ldb, int ldd) {
+  LH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const int32_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LH_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  LH_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  const uint32_t epilogue = to_cublas(g.epilogue);
+  LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                 sizeof(epilogue)));
+  if (g.epilogue != Epilogue::kNone) {
+    LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &g.bias, sizeof(g.bias)));
+  }
+  if (g.epilogue == Epilogue::kGeluAuxBias) {
+    const int64_t aux_ld = g.m;
+    LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+    LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                   &aux_ld, sizeof(aux_ld)));
+  }
+  set_layout(&desc.a, CUDA_R_16BF, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, lda, g.batch,
+             g.stride_a);
+  set_layout(&desc.b, CUDA_R_16BF, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, ldb, g.batch,
+             g.stride_b);
+  set_layout(&desc.d, g.d_type, g.m, g.n, ldd, g.batch, g.stride_d);
+}
+
+// Asks the heuristic for one algorithm under the workspace limit and the operands' alignments
+// (A, B, D; C is D). Returns whether it found one; *status is the query's.
+bool ask_heuristic(cublasLtHandle_t handle, size_t workspace_bytes, Descriptors& desc,
+                   std::array<uint32_t, 3> align, cublasStatus_t* status,
+                   cublasLtMatmulAlgo_t* algo) {
+  LH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.preference));
+  const uint64_t workspace = workspace_bytes;
+  LH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  const struct {
+    cublasLtMatmulPreferenceAttributes_t attribute;
+    uint32_t value;
+  } alignments[] = {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]}};
+  for (const auto& alignment : alignments) {
+    LH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        desc.preference, alignment.attribute, &alignment.value, sizeof(alignment.value)));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  *status = cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d,
+                                           desc.preference, 1, &result, &returned);
+  if (*status != CUBLAS_STATUS_SUCCESS || returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  *algo = result.algo;
+  return true;
+}
+
 }  // namespace
 
 Matmul::Matmul(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
@@ -150,32 +212,7 @@ bool Matmul::try_run(const GemmDesc& g, void* d, const bf16* a, const bf16* b,
   const uint32_t align_d = alignment_of(d, dsize * ldd, g.batch > 1 ? dsize * g.stride_d : 0);
 
   Descriptors desc;
-  LH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const int32_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int32_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LH_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  LH_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  const uint32_t epilogue = to_cublas(g.epilogue);
-  LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                 sizeof(epilogue)));
-  if (g.epilogue != Epilogue::kNone) {
-    LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &g.bias, sizeof(g.bias)));
-  }
-  if (g.epilogue == Epilogue::kGeluAuxBias) {
-    const int64_t aux_ld = g.m;
-    LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
-    LH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                   &aux_ld, sizeof(aux_ld)));
-  }
-  set_layout(&desc.a, CUDA_R_16BF, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, lda, g.batch,
-             g.stride_a);
-  set_layout(&desc.b, CUDA_R_16BF, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, ldb, g.batch,
-             g.stride_b);
-  set_layout(&desc.d, g.d_type, g.m, g.n, ldd, g.batch, g.stride_d);
+  describe_call(desc, g, lda, ldb, ldd);
 
   // The heuristic also reads the bias/aux pointers' alignment: part of the key as well.
   const std::string key = describe(g) + " al=" + std::to_string(align_a) + "," +
@@ -184,31 +221,9 @@ bool Matmul::try_run(const GemmDesc& g, void* d, const bf16* a, const bf16* b,
                           std::to_string(alignment_of(g.aux, 0, 0));
   auto it = cache_.find(key);
   if (it == cache_.end()) {
-    LH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.preference));
-    const uint64_t workspace = workspace_bytes_;
-    LH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-    const struct {
-      cublasLtMatmulPreferenceAttributes_t attribute;
-      uint32_t value;
-    } alignments[] = {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-                      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-                      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-                      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
-    for (const auto& alignment : alignments) {
-      LH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          desc.preference, alignment.attribute, &alignment.value, sizeof(alignment.value)));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle_, desc.op, desc.a, desc.b, desc.d, desc.d, desc.preference, 1, &result, &returned);
     CachedAlgo cached;
-    cached.status = status;
-    if (status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-      cached.found = true;
-      cached.algo = result.algo;
-    }
+    cached.found = ask_heuristic(handle_, workspace_bytes_, desc, {align_a, align_b, align_d},
+                                 &cached.status, &cached.algo);
     it = cache_.emplace(key, cached).first;
   }
   if (!it->second.found) return false;
