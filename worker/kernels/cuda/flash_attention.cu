@@ -160,6 +160,47 @@ __device__ __forceinline__ void store_accumulator(bf16* base, long long stride, 
   }
 }
 
+// One block of keys (from key0) in the forward pass's online softmax, for this thread's two rows
+// (q0 + g, q0 + g + 8): masks S = Q K^T causally in base 2, raises the running maxima m, rescales
+// the running sums l and the output o by the change, and turns S into P = exp2(S - m), adding it
+// to l.
+__device__ __forceinline__ void online_softmax_block(float (&s)[8][4], float (&o)[8][4],
+                                                     float (&m)[2], float (&l)[2], int q0, int key0,
+                                                     int g, int t, float scale_log2) {
+  float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = q0 + g + (e >= 2 ? 8 : 0);
+      const int key = key0 + nt * 8 + 2 * t + (e & 1);
+      const float x = key <= row ? s[nt][e] * scale_log2 : -INFINITY;
+      s[nt][e] = x;
+      row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
+    }
+  }
+  float correction[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+    const float m_new = fmaxf(m[r], row_max[r]);  // finite: key key0 <= every row
+    correction[r] = exp2f(m[r] - m_new);
+    m[r] = m_new;
+    l[r] *= correction[r];
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[nt][e] - m[e >> 1]);
+      s[nt][e] = p;
+      l[e >> 1] += p;
+      o[nt][e] *= correction[e >> 1];
+    }
+  }
+}
+
 // grid (ceil(T / 64), B * NH), kThreads threads.
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(bf16* __restrict__ out,        // (B, T, C)
@@ -192,38 +233,7 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4];
     zero(s);
     mma_a_regs(s, qf, k_rows, lane);  // S = Q K^T (k_rows holds K: keys x dims)
-    float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = q0 + g + (e >= 2 ? 8 : 0);
-        const int key = kb * kBlock + nt * 8 + 2 * t + (e & 1);
-        const float x = key <= row ? s[nt][e] * scale_log2 : -INFINITY;
-        s[nt][e] = x;
-        row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
-      }
-    }
-    float correction[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);  // finite: key kb*64 <= every row
-      correction[r] = exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= correction[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - m[e >> 1]);
-        s[nt][e] = p;
-        l[e >> 1] += p;
-        o[nt][e] *= correction[e >> 1];
-      }
-    }
+    online_softmax_block(s, o, m, l, q0, kb * kBlock, g, t, scale_log2);
     uint32_t pf[4][4];
     accumulator_to_a(pf, s);
     mma_a_regs(o, pf, v_cols, lane);  // O += P V (v_cols holds V^T: dims x keys)
