@@ -346,6 +346,10 @@ class GPT2Cuda final : public model::LanguageModel {
   void refresh_working_copy(size_t begin, size_t end);
   // Which flat buffer a device span lies in (nullptr when none).
   const float* owning_buffer(const float* p, size_t n) const;
+  // owning_buffer() of a transfer's device span, which must match the host side's size; else
+  // InvalidArgument naming the transfer.
+  const float* checked_buffer(std::span<const float> device, size_t host_size,
+                              const char* what) const;
   // The two halves of snapshot_to_host: queue the device-to-host copies into the staging buffer,
   // then copy each group on to the caller's buffers as it arrives.
   void enqueue_snapshot(std::span<const model::HostCopy> copies);
@@ -687,16 +691,22 @@ const float* GPT2Cuda::owning_buffer(const float* p, size_t n) const {
   return nullptr;
 }
 
+const float* GPT2Cuda::checked_buffer(std::span<const float> device, size_t host_size,
+                                      const char* what) const {
+  const float* base = owning_buffer(device.data(), device.size());
+  if (base == nullptr || device.size() != host_size) {
+    throw InvalidArgument(std::string("CUDA model ") + what +
+                          ": the device side must be a span of the model's parameter, gradient "
+                          "or moment buffers and the host side the same size (got " +
+                          std::to_string(device.size()) + " and " + std::to_string(host_size) +
+                          " floats)");
+  }
+  return base;
+}
+
 void GPT2Cuda::download(std::span<const float> device_src, std::span<float> host_dst) {
   activate();
-  if (device_src.size() != host_dst.size() ||
-      owning_buffer(device_src.data(), device_src.size()) == nullptr) {
-    throw InvalidArgument(
-        "CUDA model download: the source must be a span of the model's "
-        "parameter, gradient or moment buffers and the destination the same "
-        "size (got " +
-        std::to_string(device_src.size()) + " and " + std::to_string(host_dst.size()) + " floats)");
-  }
+  checked_buffer(device_src, host_dst.size(), "download");
   LH_CUDA_CHECK(cudaMemcpyAsync(host_dst.data(), device_src.data(), device_src.size_bytes(),
                                 cudaMemcpyDeviceToHost, stream_));
   LH_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -704,14 +714,7 @@ void GPT2Cuda::download(std::span<const float> device_src, std::span<float> host
 
 void GPT2Cuda::upload(std::span<const float> host_src, std::span<float> device_dst) {
   activate();
-  const float* base = owning_buffer(device_dst.data(), device_dst.size());
-  if (host_src.size() != device_dst.size() || base == nullptr) {
-    throw InvalidArgument(
-        "CUDA model upload: the destination must be a span of the model's "
-        "parameter, gradient or moment buffers and the source the same size "
-        "(got " +
-        std::to_string(host_src.size()) + " and " + std::to_string(device_dst.size()) + " floats)");
-  }
+  const float* base = checked_buffer(device_dst, host_src.size(), "upload");
   LH_CUDA_CHECK(cudaMemcpyAsync(device_dst.data(), host_src.data(), host_src.size_bytes(),
                                 cudaMemcpyHostToDevice, stream_));
   if (base == buf_.master) {
