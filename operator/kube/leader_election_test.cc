@@ -122,7 +122,9 @@ LeaderElectionConfig config_for(const std::string& identity, Candidate& c,
   config.lease_name = "longhaul-operator";
   config.identity = identity;
   config.lease_duration = lease;
-  config.renew_deadline = 400ms;
+  // 40% of the lease (400 ms for the default 1 s): a loaded machine can hold a renewal past a
+  // fixed 400 ms, which would make a test with a long lease lose and retake leadership.
+  config.renew_deadline = lease * 2 / 5;
   config.retry_period = 50ms;
   config.on_started_leading = [&c] { c.started.fetch_add(1); };
   config.on_stopped_leading = [&c] { c.stopped.fetch_add(1); };
