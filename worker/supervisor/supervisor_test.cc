@@ -566,6 +566,7 @@ TEST(Supervisor, SigtermTakesAFinalCheckpointAndStopsCleanly) {
 TEST(SupervisorDeathTest, ExitDeadlineEndsAProcessThatDoesNotStopInTime) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
+  const longhaul::testing::ChildTempDirsInside children(dir);
   EXPECT_EXIT(
       {
         Supervisor sv(quiet_options(dir.path()));
@@ -583,6 +584,7 @@ TEST(SupervisorDeathTest, ExitDeadlineEndsAProcessThatDoesNotStopInTime) {
 TEST(SupervisorDeathTest, SecondSignalExitsAtOnceWithACodeThatClaimsNoCommit) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
+  const longhaul::testing::ChildTempDirsInside children(dir);
   EXPECT_EXIT(
       {
         Supervisor sv(quiet_options(dir.path()));

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -64,6 +66,34 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+};
+
+// Points $TMPDIR into `dir` while it lives (restoring the previous value after), so that every
+// TempDir a child process makes lies inside `dir` and is removed with it. For death tests in the
+// "threadsafe" style: the child re-runs the whole test body, and exits without running
+// destructors, so a TempDir of its own would stay behind.
+//
+//   TempDir dir;
+//   const ChildTempDirsInside children(dir);
+//   EXPECT_EXIT(...);
+class ChildTempDirsInside {
+ public:
+  explicit ChildTempDirsInside(const TempDir& dir) {
+    if (const char* old = std::getenv("TMPDIR")) previous_ = old;
+    ::setenv("TMPDIR", dir.path().c_str(), 1);
+  }
+  ~ChildTempDirsInside() {
+    if (previous_) {
+      ::setenv("TMPDIR", previous_->c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+  }
+  ChildTempDirsInside(const ChildTempDirsInside&) = delete;
+  ChildTempDirsInside& operator=(const ChildTempDirsInside&) = delete;
+
+ private:
+  std::optional<std::string> previous_;
 };
 
 }  // namespace longhaul::testing
