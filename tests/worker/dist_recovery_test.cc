@@ -25,6 +25,7 @@
 #include "longhaul/supervisor/checkpoint_state.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -205,14 +206,6 @@ void expect_one_writer_at_a_time(const fs::path& logdir, const std::vector<Worke
 
 class DistRecoveryTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fresh_dir(std::string("recovery_") +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   std::vector<std::string> train_args(const std::string& logdir) {
     return {"train", "--config", (dir_ / "c.yaml").string(), "--logdir", (dir_ / logdir).string()};
   }
@@ -246,16 +239,13 @@ class DistRecoveryTest : public ::testing::Test {
     }
     return file;
   }
+  // Shared by the suite's tests, removed when the test program ends.
   static const fs::path& reference_dir() {
-    static const fs::path dir = fresh_dir("recovery_reference");
-    return dir;
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(reference_dir(), ec);
+    static const longhaul::testing::TempDir dir("recovery_reference");
+    return dir.path();
   }
 
-  fs::path dir_;
+  longhaul::testing::TestTempDir dir_{"recovery"};
   int collective_timeout_secs_ = 60;
 };
 

@@ -18,6 +18,7 @@
 
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -80,14 +81,6 @@ bool eventually(const std::function<bool()>& condition, milliseconds timeout) {
 
 class DistReplicasTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fresh_dir(std::string("dist_") +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   std::vector<std::string> train_args(const std::string& config_name, const std::string& logdir) {
     return {"train", "--config", (dir_ / config_name).string(), "--logdir",
             (dir_ / logdir).string()};
@@ -98,7 +91,7 @@ class DistReplicasTest : public ::testing::Test {
     return std::make_unique<WorkerProcess>(std::move(args), dir_, dir_, std::move(env));
   }
 
-  fs::path dir_;
+  longhaul::testing::TestTempDir dir_{"dist"};
 };
 
 // The parameters and moments of a checkpoint.

@@ -13,6 +13,7 @@
 #include "longhaul/data/token_shard.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/testing/loopback.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -37,14 +38,7 @@ std::map<std::string, std::string> checkpoint_bytes(const fs::path& logdir) {
 
 class WorkerCliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fresh_dir(std::string("worker_cli_") +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    write_text(dir_ / "small.yaml", small_model_config(10, 5));
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  void SetUp() override { write_text(dir_ / "small.yaml", small_model_config(10, 5)); }
 
   // Trains the small model for 10 steps into `logdir` (checkpoints at 5 and 10).
   void train_good_logdir(const fs::path& logdir) {
@@ -55,7 +49,7 @@ class WorkerCliTest : public ::testing::Test {
     ASSERT_EQ(checkpoint_files(logdir).size(), 2u);
   }
 
-  fs::path dir_;
+  longhaul::testing::TestTempDir dir_{"worker_cli"};
 };
 
 TEST_F(WorkerCliTest, HelpAndVersion) {
@@ -274,7 +268,9 @@ TEST_F(WorkerCliTest, NonRegularFilesAndUnclearInputsGetAClearErrorNamingTheKeyO
       {{"train", "--config", "small.yaml", "--logdir", "x", "--set", "model.context_length=1"},
        2,
        "training.seq_len 16 exceeds model.context_length 1"},
-      {{"eval", "--checkpoint", dir_.string(), "--data", "nothing*.bin"}, 4, "is a directory"},
+      {{"eval", "--checkpoint", dir_.path().string(), "--data", "nothing*.bin"},
+       4,
+       "is a directory"},
   };
   for (const Case& c : cases) {
     RunOutput r = run_worker(c.args, dir_, 60s);

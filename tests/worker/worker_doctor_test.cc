@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -23,14 +24,7 @@ const std::map<std::string, std::string> kNoGpu = {{"CUDA_VISIBLE_DEVICES", ""}}
 
 class WorkerDoctorTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fresh_dir(std::string("worker_doctor_") +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  fs::path dir_;
+  longhaul::testing::TestTempDir dir_{"worker_doctor"};
 };
 
 TEST_F(WorkerDoctorTest, WithoutAGpuSaysSoAndChecksTheCpuPath) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -15,7 +16,7 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(WorkerKillTest, EveryRestartAfterKill9RestoresTheNewestCommittedCheckpoint) {
-  const fs::path dir = fresh_dir("worker_kill");
+  const longhaul::testing::TestTempDir dir("worker_kill");
   // Checkpoints every 25 steps (several per second) and every second; never finishes.
   write_text(dir / "kill.yaml", small_model_config(100000000, 25, 1));
   std::mt19937 rng(20240520);
@@ -58,7 +59,6 @@ TEST(WorkerKillTest, EveryRestartAfterKill9RestoresTheNewestCommittedCheckpoint)
     }
   }
   EXPECT_GE(restores, 40) << "too few kills landed after the first checkpoint";
-  fs::remove_all(dir);
 }
 
 }  // namespace

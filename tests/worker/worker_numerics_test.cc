@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -23,15 +24,10 @@ bool contains(const std::string& haystack, const std::string& needle) {
 class WorkerNumericsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fresh_dir(std::string("worker_numerics_") +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
     // Checkpoints every 5 steps, but not the final one on an error: 5 is the last good state.
     write_text(dir_ / "small.yaml", small_model_config(10, 5));
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  fs::path dir_;
+  longhaul::testing::TestTempDir dir_{"worker_numerics"};
 };
 
 TEST_F(WorkerNumericsTest, NanGradientStopsBeforeTheStepIsAppliedAndResumeWorks) {

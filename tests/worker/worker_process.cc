@@ -20,14 +20,6 @@ fs::path worker_binary() {
   return fs::path(dir ? dir : ".") / "worker" / "cli" / "longhaul-worker";
 }
 
-fs::path fresh_dir(const std::string& name) {
-  fs::path dir =
-      fs::temp_directory_path() / ("longhaul_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;

@@ -22,8 +22,6 @@ namespace fs = std::filesystem;
 
 // The binary under test: $LONGHAUL_BINARY_DIR/worker/cli/longhaul-worker.
 fs::path worker_binary();
-// A fresh, empty directory for one test (removed by the caller's TearDown).
-fs::path fresh_dir(const std::string& name);
 std::string read_text(const fs::path& path);
 void write_text(const fs::path& path, const std::string& text);
 

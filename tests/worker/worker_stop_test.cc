@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
 namespace longhaul::worker_test {
@@ -34,14 +35,7 @@ void expect_same_parameters(const fs::path& a, const fs::path& b) {
 
 class WorkerStopTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fresh_dir(std::string("worker_stop_") +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    write_text(dir_ / "small.yaml", small_model_config(20, 0));
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  void SetUp() override { write_text(dir_ / "small.yaml", small_model_config(20, 0)); }
   // The small model with one optimizer step of 10^10 micro-batches (days of work).
   static std::vector<std::string> endless_step_args(const std::string& logdir) {
     return {"train",
@@ -54,7 +48,7 @@ class WorkerStopTest : public ::testing::Test {
             "--set",
             "grace_period_secs=30"};
   }
-  fs::path dir_;
+  longhaul::testing::TestTempDir dir_{"worker_stop"};
 };
 
 // Regression: a SIGTERM inside a step of 10^10 micro-batches was logged and then ignored; the

@@ -5,6 +5,10 @@
 //   longhaul::testing::TempDir dir("kube_config_test");
 //   std::string kubeconfig = dir.file("config", text);   // writes it, returns its path
 //   load(dir / "config");
+//
+// A TempDir converts to the path it names, so it can be handed straight to anything that takes
+// a `const std::filesystem::path&`. A fixture that wants the files of a failed test kept for a
+// look calls `keep()` from its TearDown when `HasFailure()`.
 #pragma once
 
 #include <cerrno>
@@ -12,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -35,6 +40,10 @@ class TempDir {
     path_ = pattern;
   }
   ~TempDir() {
+    if (keep_) {
+      std::cerr << "kept for inspection: " << path_.string() << "\n";
+      return;
+    }
     // A test may have taken away write permission to check a refusal: give it back first.
     std::error_code ec;
     std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
@@ -53,6 +62,7 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
 
   const std::filesystem::path& path() const { return path_; }
+  operator const std::filesystem::path&() const { return path_; }
   std::filesystem::path operator/(std::string_view name) const { return path_ / name; }
 
   // Writes `content` to `name` inside the directory (replacing it) and returns its path.
@@ -64,8 +74,12 @@ class TempDir {
     return p.string();
   }
 
+  // Leaves the directory and its files on disk when the object goes away (and says where).
+  void keep() { keep_ = true; }
+
  private:
   std::filesystem::path path_;
+  bool keep_ = false;
 };
 
 // Points $TMPDIR into `dir` while it lives (restoring the previous value after), so that every
