@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/kube/cpprest_transport.h"
+#include "longhaul/testing/temp_dir.h"
 #include "test_http_server.h"
 
 namespace longhaul::kube {
@@ -307,9 +308,8 @@ TEST(HttpClientTest, NetworkFailureIsUnavailable) {
 
 TEST(HttpClientTest, RotatedTokenIsUsedAfter401) {
   namespace fs = std::filesystem;
-  std::string dir =
-      (fs::temp_directory_path() / ("kube_token_" + std::to_string(::getpid()))).string();
-  fs::create_directories(dir);
+  const longhaul::testing::TempDir temp("kube_token");
+  const std::string dir = temp.path().string();
   std::string token_file = dir + "/token";
   std::ofstream(token_file) << "old";
   TestHttpServer server([](const Request& request, ResponseWriter& writer) {
@@ -325,7 +325,6 @@ TEST(HttpClientTest, RotatedTokenIsUsedAfter401) {
   std::ofstream(dir + "/token.new") << "new";
   fs::rename(dir + "/token.new", token_file);
   EXPECT_NO_THROW(client->get(resources::kPods, "ns", "p"));
-  fs::remove_all(dir);
 }
 
 TEST(TokenBucketTest, BurstThenQps) {

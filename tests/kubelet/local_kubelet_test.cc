@@ -11,6 +11,7 @@
 
 #include <longhaul/fakeapi/server.h>
 #include <longhaul/kube/http_client.h>
+#include <longhaul/testing/temp_dir.h>
 
 namespace longhaul::kubelet {
 namespace {
@@ -39,10 +40,6 @@ json pod_manifest(const std::string& name, const std::string& script,
 class LocalKubeletTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root = fs::temp_directory_path() /
-           ("lh-kubelet-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root);
     server.start();
     kube::ClusterConfig cfg;
     cfg.server = server.url();
@@ -64,7 +61,6 @@ class LocalKubeletTest : public ::testing::Test {
     kubelet->stop();
     client->close();
     server.stop();
-    fs::remove_all(root);
   }
 
   std::optional<json> pod(const std::string& name) {
@@ -116,7 +112,8 @@ class LocalKubeletTest : public ::testing::Test {
     return false;
   }
 
-  fs::path root;
+  longhaul::testing::TempDir root_dir{"lh-kubelet"};
+  const fs::path root = root_dir.path();
   fakeapi::FakeApiServer server;
   std::shared_ptr<kube::HttpClient> client;
   std::unique_ptr<LocalKubelet> kubelet;

@@ -13,6 +13,7 @@
 
 #include "harness.h"
 #include "longhaul/testing/loopback.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::testing {
 namespace {
@@ -92,10 +93,6 @@ bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds tim
 class Binary : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() /
-          ("longhaul-op-" + std::to_string(::getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir);
     server.start();
     server.write_kubeconfig(dir / "kubeconfig", "default");
     kubelet = std::make_unique<FakeKubelet>(server);
@@ -103,8 +100,6 @@ class Binary : public ::testing::Test {
   void TearDown() override {
     kubelet->stop();
     server.stop();
-    std::error_code ec;
-    fs::remove_all(dir, ec);
   }
   bool wait(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
     return server.wait_for(pred, timeout);
@@ -117,7 +112,7 @@ class Binary : public ::testing::Test {
     return lease ? lease->value("spec", json::object()).value("holderIdentity", "") : "";
   }
 
-  fs::path dir;
+  longhaul::testing::TempDir dir{"longhaul-op"};
   fakeapi::FakeApiServer server{server_options()};
   std::unique_ptr<FakeKubelet> kubelet;
 };

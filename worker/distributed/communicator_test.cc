@@ -16,11 +16,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/distributed/data_parallel.h"
 #include "longhaul/model/cpu/gpt2_cpu.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::dist {
 namespace {
@@ -47,15 +47,6 @@ class ProxyCommunicator : public Communicator {
 
 class CommunicatorTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    logdir_ = fs::temp_directory_path() /
-              ("dist_comm_test_" + std::to_string(::getpid()) + "_" +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(logdir_);
-    fs::create_directories(logdir_);
-  }
-  void TearDown() override { fs::remove_all(logdir_); }
-
   RendezvousOptions options(int rank, int world, std::string attempt = "0") {
     RendezvousOptions o;
     o.logdir = logdir_;
@@ -84,7 +75,7 @@ class CommunicatorTest : public ::testing::Test {
     for (auto& f : ranks) f.get();
   }
 
-  fs::path logdir_;
+  longhaul::testing::TempDir logdir_{"dist_comm_test"};
 };
 
 class AllreduceAlgorithmTest : public CommunicatorTest,

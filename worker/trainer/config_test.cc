@@ -5,9 +5,9 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::trainer {
 namespace {
@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 
 class ConfigTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("longhaul_config_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   fs::path write(const std::string& text) {
     fs::path p = dir_ / "cfg.yaml";
     std::ofstream(p) << text;
@@ -34,7 +29,7 @@ class ConfigTest : public ::testing::Test {
     }
     return "<no error>";
   }
-  fs::path dir_;
+  longhaul::testing::TempDir dir_{"longhaul_config_test"};
 };
 
 TEST_F(ConfigTest, EmptyPathGivesTheEmbeddedDefault) {

@@ -9,6 +9,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/model/gpt2_layout.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::trainer {
 namespace {
@@ -101,17 +102,11 @@ class MetadataOnly : public supervisor::TensorSource {
 
 class TokenizerLookup : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/lh-sampling-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   void write(const fs::path& p, const std::string& s) {
     fs::create_directories(p.parent_path());
     std::ofstream(p) << s;
   }
-  fs::path dir_;
+  longhaul::testing::TempDir dir_{"lh-sampling"};
 };
 
 TEST_F(TokenizerLookup, FlagsThenMetadataThenTheLogdirThenTheVocabularySize) {

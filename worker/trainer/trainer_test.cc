@@ -8,11 +8,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include "longhaul/data/prepare.h"
 #include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::trainer {
 namespace {
@@ -48,12 +48,8 @@ std::vector<float> params(Trainer& t) {
 
 class TrainerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    path_ = fs::temp_directory_path() /
-            ("longhaul_trainer_test_" + std::to_string(::getpid()) + ".safetensors");
-  }
-  void TearDown() override { fs::remove(path_); }
-  fs::path path_;
+  longhaul::testing::TempDir dir_{"longhaul_trainer_test"};
+  const fs::path path_ = dir_ / "model.safetensors";
 };
 
 TEST_F(TrainerTest, SnapshotRestoreResumesBitIdentically) {
