@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "longhaul/testing/eventually.h"
 #include "longhaul/testing/loopback.h"
 #include "longhaul/testing/temp_dir.h"
 
@@ -80,15 +81,8 @@ class OperatorProcess {
   pid_t pid_ = -1;
 };
 
-// Polls `pred` until true or the deadline (for state outside the fake server: processes, ports).
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return pred();
-}
+// For state outside the fake server (processes, ports), which has no change hook to wait on.
+using longhaul::testing::eventually;
 
 class Binary : public ::testing::Test {
  protected:

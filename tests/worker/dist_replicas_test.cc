@@ -18,6 +18,7 @@
 
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/eventually.h"
 #include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
@@ -69,15 +70,7 @@ std::map<std::string, std::string> replica_env(int world, int rank, const std::s
       {"LONGHAUL_COLLECTIVE_TIMEOUT_SECS", std::to_string(collective_timeout)}};
 }
 
-// Polls `condition` until it holds or `timeout` passes.
-bool eventually(const std::function<bool()>& condition, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(milliseconds(10));  // polls the condition
-  }
-  return condition();
-}
+using longhaul::testing::eventually;
 
 class DistReplicasTest : public ::testing::Test {
  protected:

@@ -14,7 +14,7 @@ namespace longhaul::supervisor {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::wait_until;
+using testing::eventually;
 
 TEST(Coordinator, RequestStopWakesWaitersAndShouldStop) {
   Coordinator coord;
@@ -150,7 +150,7 @@ TEST(Looper, RunsAtAFixedRateUntilStopped) {
   Coordinator coord;
   std::atomic<int> runs{0};
   Looper::start(coord, "timer", 5ms, [&] { ++runs; });
-  EXPECT_TRUE(wait_until([&] { return runs.load() >= 5; }));
+  EXPECT_TRUE(eventually([&] { return runs.load() >= 5; }, std::chrono::seconds(10)));
   coord.request_stop();
   EXPECT_NO_THROW(coord.join(10s));
   EXPECT_TRUE(coord.running_threads().empty());

@@ -151,13 +151,15 @@ TEST(Events, BackgroundFlushWritesWithoutAnExplicitFlush) {
   TempDir dir;
   EventsWriter w(dir.path(), {.flush_secs = 0.01});
   w.add_scalar("loss", 1.0, 1);
-  EXPECT_TRUE(testing::wait_until([&] {
-    try {
-      return EventsReader::read_all(w.path()).size() == 2;
-    } catch (const DataLoss&) {
-      return false;  // caught a record half written
-    }
-  }));
+  EXPECT_TRUE(testing::eventually(
+      [&] {
+        try {
+          return EventsReader::read_all(w.path()).size() == 2;
+        } catch (const DataLoss&) {
+          return false;  // caught a record half written
+        }
+      },
+      std::chrono::seconds(10)));
 }
 
 TEST(Events, ConcurrentWritersAndBackgroundFlushKeepEveryRecordIntact) {

@@ -15,11 +15,11 @@
 namespace longhaul::supervisor {
 namespace {
 
+using testing::eventually;
 using ::testing::HasSubstr;
 using testing::list_dir;
 using testing::TempDir;
 using testing::ToyState;
-using testing::wait_until;
 
 SupervisorOptions quiet_options(const std::filesystem::path& logdir) {
   SupervisorOptions o;
@@ -298,7 +298,7 @@ TEST(Supervisor, BodyErrorStopsServicesAndIsReraisedAfterCleanup) {
   try {
     sv.managed_session(state, [&](Supervisor& sv) {
       sv.loop(0.005, [&] { loop_ran = true; });
-      ASSERT_TRUE(wait_until([&] { return loop_ran.load(); }));
+      ASSERT_TRUE(eventually([&] { return loop_ran.load(); }, std::chrono::seconds(10)));
       state.train_step();
       throw Internal("numerical blow-up at step 1");
     });
@@ -532,7 +532,7 @@ TEST(Supervisor, ServicesThatIgnoreTheStopRaiseDeadlineExceededAfterTheGrace) {
             released.wait();
           },
           "stubborn_loop");
-      ASSERT_TRUE(wait_until([&] { return entered.load(); }));
+      ASSERT_TRUE(eventually([&] { return entered.load(); }, std::chrono::seconds(10)));
     });
     FAIL();
   } catch (const DeadlineExceeded& e) {

@@ -1,5 +1,6 @@
 // Test helpers for the supervisor suites: a temporary directory, a condition wait with a
-// deadline, and ToyState, a tiny TrainingState with GPT-2-style tensor names.
+// deadline (both from tests/support), and ToyState, a tiny TrainingState with GPT-2-style tensor
+// names.
 #pragma once
 
 #include <atomic>
@@ -12,15 +13,13 @@
 #include <vector>
 
 #include "longhaul/supervisor/training_state.h"
+#include "longhaul/testing/eventually.h"
 #include "longhaul/testing/temp_dir.h"
 
 namespace longhaul::supervisor::testing {
 
+using longhaul::testing::eventually;
 using longhaul::testing::TempDir;
-
-// Polls `pred` every millisecond until it holds or `timeout` passes; returns its last value.
-bool wait_until(const std::function<bool()>& pred,
-                std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 std::string read_bytes(const std::filesystem::path& p);
 void write_bytes(const std::filesystem::path& p, const std::string& bytes);
