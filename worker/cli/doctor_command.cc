@@ -78,41 +78,30 @@ json report_json(const selfcheck::Report& r) {
   return out;
 }
 
-}  // namespace
-
-int run_doctor(const DoctorArgs& args) {
-  trainer::WorkerConfig config;
-  model::GPT2Config shape;
-  try {
-    config = trainer::load_config(args.config, args.sets);
-    shape = trainer::model_config_for(config);
-  } catch (const Error& e) {
-    throw InvalidArgument(e.what());
-  }
+// What doctor has found so far: the human report, the --json document, and whether every
+// check passed.
+struct Findings {
   std::ostringstream text;
   json doc;
-  doc["version"] = version_string();
-  doc["model"] = {{"preset", config.model.preset}, {"config", shape.to_string()}};
   bool ok = true;
+};
 
-  // 1. Build and GPUs.
-  const backend_cuda::CudaBuildInfo build = backend_cuda::cuda_build_info();
-  const backend_cuda::CudaSystemInfo gpus = backend_cuda::cuda_system_info();
-  doc["build"] = {{"cuda", build.compiled},
-                  {"cuda_runtime", build.runtime_version},
-                  {"cuda_architectures", build.architectures}};
-  text << "longhaul-worker " << version_string() << " doctor (model " << config.model.preset << ": "
-       << shape.to_string() << ")\n\n";
-  text << "Build\n  CUDA backend       "
-       << (build.compiled
-               ? "compiled, CUDA runtime " + build.runtime_version + ", sm_" + build.architectures
-               : std::string("not compiled (CPU-only build)"))
-       << "\n\n";
+// 1. The build and the GPUs the driver shows; doc["gpu"] holds the driver and the devices.
+void report_build_and_gpus(Findings& f, const backend_cuda::CudaBuildInfo& build,
+                           const backend_cuda::CudaSystemInfo& gpus, const DoctorArgs& args) {
+  f.doc["build"] = {{"cuda", build.compiled},
+                    {"cuda_runtime", build.runtime_version},
+                    {"cuda_architectures", build.architectures}};
+  f.text << "Build\n  CUDA backend       "
+         << (build.compiled
+                 ? "compiled, CUDA runtime " + build.runtime_version + ", sm_" + build.architectures
+                 : std::string("not compiled (CPU-only build)"))
+         << "\n\n";
   json gpu_doc = {{"usable", gpus.usable},
                   {"reason", gpus.usable ? "" : gpus.why},
                   {"driver", gpus.driver_version}};
   json devices = json::array();
-  text << "GPU\n  driver             " << gpus.driver_version << "\n";
+  f.text << "GPU\n  driver             " << gpus.driver_version << "\n";
   for (const backend_cuda::CudaDeviceInfo& d : gpus.devices) {
     devices.push_back(
         {{"ordinal", d.ordinal},
@@ -124,39 +113,25 @@ int run_doctor(const DoctorArgs& args) {
          {"peak_bf16_tflops", d.peak_bf16_tflops},
          {"peak_memory_gbps", d.peak_memory_gbps},
          {"peak_pcie_gbps_assumed", d.peak_pcie_gbps}});
-    text << "  device " << d.ordinal << "           " << d.name << ", sm_" << d.cc_major
-         << d.cc_minor << ", " << d.sm_count << " SMs, " << fixed(d.memory_gib) << " GiB, "
-         << fixed(d.clock_ghz, 2) << " GHz\n";
+    f.text << "  device " << d.ordinal << "           " << d.name << ", sm_" << d.cc_major
+           << d.cc_minor << ", " << d.sm_count << " SMs, " << fixed(d.memory_gib) << " GiB, "
+           << fixed(d.clock_ghz, 2) << " GHz\n";
   }
   gpu_doc["devices"] = devices;
   if (!gpus.usable) {
-    text << "  NO USABLE GPU: " << gpus.why << "\n";
-    if (args.device != "cpu") text << "  => checking the CPU path instead\n";
+    f.text << "  NO USABLE GPU: " << gpus.why << "\n";
+    if (args.device != "cpu") f.text << "  => checking the CPU path instead\n";
   }
-  text << "\n";
+  f.text << "\n";
+  f.doc["gpu"] = gpu_doc;
+}
 
-  if (args.device == "cuda" && !gpus.usable) {
-    throw InvalidArgument("doctor --device cuda: no usable GPU: " + gpus.why +
-                          "; run `longhaul-worker doctor` (or --device cpu) to check the CPU path");
-  }
-
-  // 2. The GPU path: the start-up self-check (kernels + one model step) and the measurements.
-  std::optional<selfcheck::DevicePlan> gpu_plan;
-  if (args.device != "cpu" && gpus.usable) {
-    selfcheck::PlanOptions options;
-    options.device = "auto";
-    options.self_check = true;
-    gpu_plan = selfcheck::plan_device(shape, options);
-    if (gpu_plan->report) {
-      text << "GPU self-check (" << gpu_plan->report->shape.to_string() << ")\n"
-           << gpu_plan->report->to_text() << "\n";
-      gpu_doc["self_check"] = report_json(*gpu_plan->report);
-    }
-    ok = ok && gpu_plan->device == "cuda";
-    try {
-      const backend_cuda::CudaMeasurements m = backend_cuda::cuda_micro_benchmarks(0);
-      const backend_cuda::CudaDeviceInfo& d = gpus.devices.front();
-      text << "GPU measurements (device 0)\n"
+// The bf16 matmul, device memory and pinned-copy measurements of GPU 0 against its peaks; a
+// failure to measure fails the check.
+void measure_gpu(Findings& f, const backend_cuda::CudaDeviceInfo& d) {
+  try {
+    const backend_cuda::CudaMeasurements m = backend_cuda::cuda_micro_benchmarks(0);
+    f.text << "GPU measurements (device 0)\n"
            << "  bf16 matmul 4096^3   " << fixed(m.matmul_bf16_tflops) << " TFLOP/s ("
            << percent(m.matmul_bf16_tflops, d.peak_bf16_tflops) << " of "
            << fixed(d.peak_bf16_tflops) << " dense peak)\n"
@@ -167,37 +142,53 @@ int run_doctor(const DoctorArgs& args) {
            << " GB/s (" << percent(m.h2d_gbps, d.peak_pcie_gbps) << " / "
            << percent(m.d2h_gbps, d.peak_pcie_gbps) << " of an assumed "
            << fixed(d.peak_pcie_gbps, 0) << " GB/s PCIe link)\n\n";
-      gpu_doc["measurements"] = {
-          {"matmul_bf16_tflops", m.matmul_bf16_tflops},
-          {"matmul_fraction_of_peak",
-           d.peak_bf16_tflops > 0 ? json(m.matmul_bf16_tflops / d.peak_bf16_tflops) : json()},
-          {"device_memory_gbps", m.device_memory_gbps},
-          {"device_memory_fraction_of_peak",
-           d.peak_memory_gbps > 0 ? json(m.device_memory_gbps / d.peak_memory_gbps) : json()},
-          {"h2d_gbps", m.h2d_gbps},
-          {"d2h_gbps", m.d2h_gbps},
-          {"pcie_fraction_of_assumed_peak",
-           {m.h2d_gbps / d.peak_pcie_gbps, m.d2h_gbps / d.peak_pcie_gbps}}};
-    } catch (const Error& e) {
-      ok = false;
-      text << "GPU measurements: FAILED: " << e.what() << "\n\n";
-      gpu_doc["measurements"] = {{"error", e.what()}};
-    }
+    f.doc["gpu"]["measurements"] = {
+        {"matmul_bf16_tflops", m.matmul_bf16_tflops},
+        {"matmul_fraction_of_peak",
+         d.peak_bf16_tflops > 0 ? json(m.matmul_bf16_tflops / d.peak_bf16_tflops) : json()},
+        {"device_memory_gbps", m.device_memory_gbps},
+        {"device_memory_fraction_of_peak",
+         d.peak_memory_gbps > 0 ? json(m.device_memory_gbps / d.peak_memory_gbps) : json()},
+        {"h2d_gbps", m.h2d_gbps},
+        {"d2h_gbps", m.d2h_gbps},
+        {"pcie_fraction_of_assumed_peak",
+         {m.h2d_gbps / d.peak_pcie_gbps, m.d2h_gbps / d.peak_pcie_gbps}}};
+  } catch (const Error& e) {
+    f.ok = false;
+    f.text << "GPU measurements: FAILED: " << e.what() << "\n\n";
+    f.doc["gpu"]["measurements"] = {{"error", e.what()}};
   }
-  doc["gpu"] = gpu_doc;
+}
 
-  // 3. The CPU path: the platform, the CPU kernels against the reference, a matmul.
-  const bool check_cpu = args.device == "cpu" || !gpus.usable || args.device == "auto";
-  if (check_cpu) {
-    const kernels::cpu::CpuPlatform p = kernels::cpu::cpu_platform();
-    const selfcheck::CheckShape cs = selfcheck::check_shape_for(
-        shape.n_embd, shape.n_head, shape.vocab_size, shape.context_length);
-    selfcheck::Report cpu_report =
-        selfcheck::run_self_check(selfcheck::cpu_registry(), cs, selfcheck::cpu_families());
-    cpu_report.backend = "cpu";
-    const double gflops = kernels::cpu::measure_matmul_gflops();
-    const double peak = p.estimated_peak_gflops();
-    text << "CPU\n"
+// 2. The GPU path: the start-up self-check (kernels + one model step), then the measurements.
+// Returns the plan `train` would make.
+selfcheck::DevicePlan check_gpu_path(Findings& f, const model::GPT2Config& shape,
+                                     const backend_cuda::CudaSystemInfo& gpus) {
+  selfcheck::PlanOptions options;
+  options.device = "auto";
+  options.self_check = true;
+  selfcheck::DevicePlan plan = selfcheck::plan_device(shape, options);
+  if (plan.report) {
+    f.text << "GPU self-check (" << plan.report->shape.to_string() << ")\n"
+           << plan.report->to_text() << "\n";
+    f.doc["gpu"]["self_check"] = report_json(*plan.report);
+  }
+  f.ok = f.ok && plan.device == "cuda";
+  measure_gpu(f, gpus.devices.front());
+  return plan;
+}
+
+// 3. The CPU path: the platform, the CPU kernels against the reference, a matmul.
+void check_cpu_path(Findings& f, const model::GPT2Config& shape) {
+  const kernels::cpu::CpuPlatform p = kernels::cpu::cpu_platform();
+  const selfcheck::CheckShape cs = selfcheck::check_shape_for(
+      shape.n_embd, shape.n_head, shape.vocab_size, shape.context_length);
+  selfcheck::Report cpu_report =
+      selfcheck::run_self_check(selfcheck::cpu_registry(), cs, selfcheck::cpu_families());
+  cpu_report.backend = "cpu";
+  const double gflops = kernels::cpu::measure_matmul_gflops();
+  const double peak = p.estimated_peak_gflops();
+  f.text << "CPU\n"
          << "  processor          " << p.model_name << "\n"
          << "  threads            " << p.threads
          << " (LONGHAUL_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process may use)\n"
@@ -209,7 +200,7 @@ int run_doctor(const DoctorArgs& args) {
                       : std::string("peak unknown"))
          << ")\n\nCPU self-check (" << cs.to_string() << ")\n"
          << cpu_report.to_text() << "\n";
-    doc["cpu"] = {{"processor", p.model_name},
+  f.doc["cpu"] = {{"processor", p.model_name},
                   {"threads", p.threads},
                   {"blas", p.blas},
                   {"isa", p.isa},
@@ -217,10 +208,12 @@ int run_doctor(const DoctorArgs& args) {
                   {"estimated_peak_gflops", peak},
                   {"matmul_fraction_of_estimated_peak", peak > 0 ? json(gflops / peak) : json()},
                   {"self_check", report_json(cpu_report)}};
-    ok = ok && cpu_report.passed();
-  }
+  f.ok = f.ok && cpu_report.passed();
+}
 
-  // 4. The path `train` would take with these flags.
+// 4. The path `train` would take with these flags, and the verdict.
+void report_chosen_path(Findings& f, const std::optional<selfcheck::DevicePlan>& gpu_plan,
+                        const backend_cuda::CudaSystemInfo& gpus, const DoctorArgs& args) {
   std::string chosen_device = "cpu", why = gpus.usable ? "" : gpus.why;
   std::map<std::string, std::string> labels = {
       {"attention", "cpu"}, {"matmul_epilogues", "cpu"}, {"self_check", "n/a"}};
@@ -230,23 +223,53 @@ int run_doctor(const DoctorArgs& args) {
     why = gpu_plan->why_cpu;
   }
   if (args.device == "cpu") why = "--device cpu";
-  text << "Chosen path: device " << chosen_device;
+  f.text << "Chosen path: device " << chosen_device;
   if (chosen_device == "cuda") {
-    text << ", attention " << labels["attention"] << ", matmul epilogues "
-         << labels["matmul_epilogues"] << ", self-check " << labels["self_check"];
+    f.text << ", attention " << labels["attention"] << ", matmul epilogues "
+           << labels["matmul_epilogues"] << ", self-check " << labels["self_check"];
   }
-  if (!why.empty()) text << " (" << why << ")";
-  text << "\n" << (ok ? "All checks passed.\n" : "SOME CHECKS FAILED: see above.\n");
-  doc["chosen"] = {{"device", chosen_device}, {"reason", why}};
-  for (const auto& [k, v] : labels) doc["chosen"][k] = v;
-  doc["passed"] = ok;
+  if (!why.empty()) f.text << " (" << why << ")";
+  f.text << "\n" << (f.ok ? "All checks passed.\n" : "SOME CHECKS FAILED: see above.\n");
+  f.doc["chosen"] = {{"device", chosen_device}, {"reason", why}};
+  for (const auto& [k, v] : labels) f.doc["chosen"][k] = v;
+  f.doc["passed"] = f.ok;
+}
+
+}  // namespace
+
+int run_doctor(const DoctorArgs& args) {
+  trainer::WorkerConfig config;
+  model::GPT2Config shape;
+  try {
+    config = trainer::load_config(args.config, args.sets);
+    shape = trainer::model_config_for(config);
+  } catch (const Error& e) {
+    throw InvalidArgument(e.what());
+  }
+  Findings f;
+  f.doc["version"] = version_string();
+  f.doc["model"] = {{"preset", config.model.preset}, {"config", shape.to_string()}};
+  f.text << "longhaul-worker " << version_string() << " doctor (model " << config.model.preset
+         << ": " << shape.to_string() << ")\n\n";
+
+  const backend_cuda::CudaBuildInfo build = backend_cuda::cuda_build_info();
+  const backend_cuda::CudaSystemInfo gpus = backend_cuda::cuda_system_info();
+  report_build_and_gpus(f, build, gpus, args);
+  if (args.device == "cuda" && !gpus.usable) {
+    throw InvalidArgument("doctor --device cuda: no usable GPU: " + gpus.why +
+                          "; run `longhaul-worker doctor` (or --device cpu) to check the CPU path");
+  }
+  std::optional<selfcheck::DevicePlan> gpu_plan;
+  if (args.device != "cpu" && gpus.usable) gpu_plan = check_gpu_path(f, shape, gpus);
+  if (args.device == "cpu" || !gpus.usable || args.device == "auto") check_cpu_path(f, shape);
+  report_chosen_path(f, gpu_plan, gpus, args);
 
   if (args.json) {
-    std::cout << doc.dump(2) << "\n";
+    std::cout << f.doc.dump(2) << "\n";
   } else {
-    std::cout << text.str();
+    std::cout << f.text.str();
   }
-  return ok ? kExitFinished : kExitFailure;
+  return f.ok ? kExitFinished : kExitFailure;
 }
 
 }  // namespace longhaul::cli
