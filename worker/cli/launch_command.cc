@@ -96,15 +96,8 @@ bool regroups_on_peer_loss(const std::vector<std::string>& train_args) {
 std::atomic<int> g_evaluator_signal{0};
 extern "C" void on_evaluator_signal(int sig) { g_evaluator_signal.store(sig); }
 
-}  // namespace
-
-std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdentity& id,
-                                                       const TrainArgs& args,
-                                                       trainer::RunOptions& run) {
-  // A marker left by an earlier run that a larger max_steps continues would end an evaluator
-  // early: the chief removes it before training.
-  if (id.rank == 0) dist::clear_training_done(run.logdir);
-  if (id.world_size <= 1) return nullptr;
+dist::RendezvousOptions rendezvous_options(const dist::ReplicaIdentity& id, const TrainArgs& args,
+                                           const trainer::RunOptions& run) {
   dist::RendezvousOptions o;
   o.logdir = run.logdir;
   o.attempt = id.attempt;
@@ -122,25 +115,62 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   if (const char* a = std::getenv("LONGHAUL_ALLREDUCE_ALGORITHM"); a != nullptr && *a) {
     o.algorithm = dist::parse_allreduce_algorithm(a);
   }
-  const dist::DataParallelOptions dp_options =
-      data_parallel_options(args, o.collective_timeout_secs);
-  const bool regroup = run.config.supervisor.on_peer_loss == "regroup";
-  std::unique_ptr<dist::Communicator> comm;
+  return o;
+}
+
+// The connected mesh. A member of the generation may die before the mesh is connected (e.g. a
+// second replica lost while the survivors regroup): with `regroup` the survivors open a new
+// generation, which this replica joins (until max_wait_secs) rather than make the whole group
+// restart.
+std::unique_ptr<dist::Communicator> connect(const dist::RendezvousOptions& o, bool regroup) {
   const auto give_up = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(o.max_wait_secs * 1000));
-  while (!comm) {
+  while (true) {
     try {
-      comm = dist::rendezvous(o);
+      return dist::rendezvous(o);
     } catch (const Aborted& e) {
-      // A member of the generation died before the mesh was connected (e.g. a second replica
-      // lost while the survivors regroup). With regroup the survivors open a new generation:
-      // join it rather than make the whole group restart.
       if (!regroup || std::chrono::steady_clock::now() >= give_up) throw;
       LH_LOG(WARNING) << "a peer was lost while the group formed; joining its next generation"
                       << kv("rank", o.rank) << kv("error", e.what());
     }
   }
-  auto dp = std::make_unique<dist::DataParallel>(std::move(comm), dp_options);
+}
+
+// Recovery in place (distributed/data_parallel.h), for supervisor.on_peer_loss: regroup. A
+// replacement of a lost replica takes the survivors' state by broadcast instead of reading a
+// checkpoint, and every replica regroups after a loss.
+void enable_regroup(dist::DataParallel* p, const dist::StateSource& source,
+                    const dist::RendezvousOptions& o, trainer::RunOptions& run) {
+  const auto& sup = run.config.supervisor;
+  if (source.survivors) {
+    LH_LOG(WARNING) << "joining running replicas as the replacement of a lost one; their state "
+                       "comes by broadcast, no checkpoint is read"
+                    << kv("rank", p->rank()) << kv("step", source.step)
+                    << kv("state_from_rank", source.root);
+    const auto wait = std::chrono::milliseconds(
+        static_cast<int64_t>((sup.regroup_timeout_secs + o.collective_timeout_secs) * 1000));
+    run.receive_state = [p, source, wait](supervisor::TrainingState& state) {
+      state.initialize();  // complete before it is overwritten (a mismatch leaves no hole)
+      p->broadcast_state(state, wait, source.root);
+    };
+  }
+  run.regroup = [p](supervisor::TrainingState& state) { return p->regroup(state); };
+}
+
+}  // namespace
+
+std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdentity& id,
+                                                       const TrainArgs& args,
+                                                       trainer::RunOptions& run) {
+  // A marker left by an earlier run that a larger max_steps continues would end an evaluator
+  // early: the chief removes it before training.
+  if (id.rank == 0) dist::clear_training_done(run.logdir);
+  if (id.world_size <= 1) return nullptr;
+  const dist::RendezvousOptions o = rendezvous_options(id, args, run);
+  const dist::DataParallelOptions dp_options =
+      data_parallel_options(args, o.collective_timeout_secs);
+  const bool regroup = run.config.supervisor.on_peer_loss == "regroup";
+  auto dp = std::make_unique<dist::DataParallel>(connect(o, regroup), dp_options);
   // The first broadcast waits while the chief restores (a large checkpoint may take minutes).
   const auto first_wait = std::chrono::milliseconds(
       static_cast<int64_t>((o.max_wait_secs + o.collective_timeout_secs) * 1000));
@@ -148,28 +178,12 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   run.sync_state = [p, first_wait](supervisor::TrainingState& state) {
     p->broadcast_state(state, first_wait);
   };
-  const auto& sup = run.config.supervisor;
-  // Recovery in place (dist/data_parallel.h). A fresh process first asks whether it joins
-  // replicas that kept their state (it replaces a lost one): then its session takes their state
-  // by broadcast instead of reading a checkpoint. Every replica asks, whatever its policy, so
-  // that replicas with different supervisor.on_peer_loss all exit 2 here.
-  if (regroup) p->set_regroup(o, sup.regroup_timeout_secs);
+  // A fresh process first asks whether it joins replicas that kept their state (it replaces a
+  // lost one). Every replica asks, whatever its policy, so that replicas with different
+  // supervisor.on_peer_loss all exit 2 here.
+  if (regroup) p->set_regroup(o, run.config.supervisor.regroup_timeout_secs);
   const dist::StateSource source = p->agree_state_source(std::nullopt);
-  if (regroup) {
-    if (source.survivors) {
-      LH_LOG(WARNING) << "joining running replicas as the replacement of a lost one; their state "
-                         "comes by broadcast, no checkpoint is read"
-                      << kv("rank", p->rank()) << kv("step", source.step)
-                      << kv("state_from_rank", source.root);
-      const auto wait = std::chrono::milliseconds(
-          static_cast<int64_t>((sup.regroup_timeout_secs + o.collective_timeout_secs) * 1000));
-      run.receive_state = [p, source, wait](supervisor::TrainingState& state) {
-        state.initialize();  // complete before it is overwritten (a mismatch leaves no hole)
-        p->broadcast_state(state, wait, source.root);
-      };
-    }
-    run.regroup = [p](supervisor::TrainingState& state) { return p->regroup(state); };
-  }
+  if (regroup) enable_regroup(p, source, o, run);
   // The chief role (checkpoints, events, training.done) follows the agreement: rank 0 at a
   // fresh start; a replacement joins as a worker; the lowest survivor when the chief is lost.
   run.chief_role = [p] { return p->is_chief(); };
