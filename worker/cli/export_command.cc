@@ -121,7 +121,8 @@ void write_hf(const fs::path& dir, const CheckpointWeights& w, const trainer::To
   }
 }
 
-void write_llmc(const fs::path& dir, const CheckpointWeights& w, tokenizer::Tokenizer* tok) {
+// llm.c's model.bin: the header, then every tensor in llm.c's order (wte padded to Vp rows).
+void write_llmc_model(const fs::path& dir, const CheckpointWeights& w) {
   const model::GPT2Config& c = w.config;
   const int V = c.vocab_size, C = c.n_embd, L = c.n_layer, maxT = c.context_length;
   const int Vp = (V + 127) / 128 * 128;
@@ -175,28 +176,33 @@ void write_llmc(const fs::path& dir, const CheckpointWeights& w, tokenizer::Toke
   put(p + layout.lnf_weight().offset, static_cast<size_t>(C));
   put(p + layout.lnf_bias().offset, static_cast<size_t>(C));
   out.commit();
+}
 
-  if (tok != nullptr && tok->end_of_text()) {
-    file::AtomicFile t(dir / "tokenizer.bin");
-    int32_t th[256] = {};
-    th[0] = kLlmcTokenizerMagic;
-    th[1] = kLlmcTokenizerVersion;
-    th[2] = tok->vocab_size();
-    th[3] = *tok->end_of_text();
-    t.write(th, sizeof th);
-    for (int32_t id = 0; id < tok->vocab_size(); ++id) {
-      const std::string bytes = tok->decode(std::span<const int32_t>(&id, 1));
-      if (bytes.empty() || bytes.size() > 255) {
-        throw InvalidArgument("token " + std::to_string(id) + " is " +
-                              std::to_string(bytes.size()) +
-                              " bytes long; llm.c's tokenizer.bin holds 1..255");
-      }
-      const auto len = static_cast<uint8_t>(bytes.size());
-      t.write(&len, 1);
-      t.write(bytes);
+// llm.c's tokenizer.bin: the header, then each token's bytes with their length (1..255).
+void write_llmc_tokenizer(const fs::path& dir, tokenizer::Tokenizer& tok) {
+  file::AtomicFile t(dir / "tokenizer.bin");
+  int32_t th[256] = {};
+  th[0] = kLlmcTokenizerMagic;
+  th[1] = kLlmcTokenizerVersion;
+  th[2] = tok.vocab_size();
+  th[3] = *tok.end_of_text();
+  t.write(th, sizeof th);
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    const std::string bytes = tok.decode(std::span<const int32_t>(&id, 1));
+    if (bytes.empty() || bytes.size() > 255) {
+      throw InvalidArgument("token " + std::to_string(id) + " is " + std::to_string(bytes.size()) +
+                            " bytes long; llm.c's tokenizer.bin holds 1..255");
     }
-    t.commit();
+    const auto len = static_cast<uint8_t>(bytes.size());
+    t.write(&len, 1);
+    t.write(bytes);
   }
+  t.commit();
+}
+
+void write_llmc(const fs::path& dir, const CheckpointWeights& w, tokenizer::Tokenizer* tok) {
+  write_llmc_model(dir, w);
+  if (tok != nullptr && tok->end_of_text()) write_llmc_tokenizer(dir, *tok);
 }
 
 }  // namespace
