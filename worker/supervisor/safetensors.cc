@@ -23,6 +23,8 @@ namespace {
 
 // The Rust reference implementation refuses headers above 100 MB; so do we.
 constexpr uint64_t kMaxHeaderSize = 100'000'000;
+// The header is a JSON object.
+constexpr char kJsonObjectStart = '{';
 
 std::string hex32(uint32_t v) {
   char buf[9];
@@ -178,8 +180,131 @@ uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& sn
 SafetensorsReader::SafetensorsReader(std::filesystem::path path)
     : SafetensorsReader(std::move(path), Options{}) {}
 
+namespace {
+
+// One tensor's entry of the header: its spec and where its bytes lie (absolute file offsets).
+struct TensorExtent {
+  TensorSpec spec;
+  uint64_t begin = 0, end = 0;
+};
+
+// The header's __metadata__: an object of strings.
+std::map<std::string, std::string> parse_metadata(const std::string& path,
+                                                  const nlohmann::json& v) {
+  if (!v.is_object()) corrupt(path, "__metadata__ is not an object");
+  std::map<std::string, std::string> metadata;
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m.value().is_string()) corrupt(path, "__metadata__ value " + m.key() + " is not a string");
+    metadata[m.key()] = m.value().get<std::string>();
+  }
+  return metadata;
+}
+
+// One tensor of the header: a known dtype, a shape of unsigned dimensions, and data_offsets
+// inside the data section (which starts at `data_start` and holds `data_size` bytes) that span
+// exactly the bytes the dtype and shape need.
+TensorExtent parse_tensor(const std::string& path, const std::string& name, const nlohmann::json& v,
+                          uint64_t data_start, uint64_t data_size) {
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+      !v.contains("data_offsets")) {
+    corrupt(path, "tensor " + name + " lacks dtype, shape or data_offsets");
+  }
+  TensorExtent e;
+  e.spec.name = name;
+  if (!v["dtype"].is_string()) corrupt(path, "tensor " + name + " has a non-string dtype");
+  try {
+    e.spec.dtype = dtype_from_name(v["dtype"].get<std::string>());
+  } catch (const InvalidArgument& err) {
+    corrupt(path, "tensor " + name + ": " + err.what());
+  }
+  if (!v["shape"].is_array()) corrupt(path, "tensor " + name + " has a non-array shape");
+  for (const auto& d : v["shape"]) {
+    if (!d.is_number_unsigned()) corrupt(path, "tensor " + name + " has a bad dimension");
+    e.spec.shape.push_back(d.get<int64_t>());
+  }
+  const auto& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned()) {
+    corrupt(path, "tensor " + name + " has malformed data_offsets");
+  }
+  const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+  if (b > en || en > data_size) {
+    corrupt(path, "tensor " + name + " data_offsets [" + std::to_string(b) + ", " +
+                      std::to_string(en) + "] lie outside the " + std::to_string(data_size) +
+                      "-byte data section");
+  }
+  size_t nbytes = 0;
+  try {
+    nbytes = e.spec.nbytes();
+  } catch (const InvalidArgument& err) {
+    corrupt(path, err.what());
+  }
+  if (en - b != nbytes) {
+    corrupt(path, "tensor " + name + " spans " + std::to_string(en - b) + " bytes but " +
+                      std::string(dtype_name(e.spec.dtype)) + shape_string(e.spec.shape) +
+                      " needs " + std::to_string(nbytes));
+  }
+  e.begin = data_start + b;
+  e.end = data_start + en;
+  return e;
+}
+
+// When the metadata carries its own CRC-32C (metadata_crc32c), it must match.
+void check_metadata_checksum(const std::string& path,
+                             const std::map<std::string, std::string>& metadata) {
+  auto it = metadata.find(std::string(kMetadataCrc32cKey));
+  if (it == metadata.end()) return;
+  uint32_t want = 0;
+  if (!parse_hex32(it->second, want) || want != metadata_crc32c(metadata)) {
+    corrupt(path,
+            "__metadata__ does not match its CRC-32C (metadata_crc32c): a value such as the "
+            "step or the data position was altered");
+  }
+}
+
+// The tensors' CRC-32Cs from __metadata__.crc32c (a JSON object of 8-hex-digit strings), by
+// tensor name; empty when the file has none.
+std::map<std::string, uint32_t, std::less<>> tensor_checksums(
+    const std::string& path, const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, uint32_t, std::less<>> crcs;
+  auto it = metadata.find(std::string(kCrc32cMetadataKey));
+  if (it == metadata.end()) return crcs;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception&) {
+    corrupt(path, "__metadata__.crc32c is not a JSON object");
+  }
+  if (!j.is_object()) corrupt(path, "__metadata__.crc32c is not a JSON object");
+  for (auto c = j.begin(); c != j.end(); ++c) {
+    uint32_t v = 0;
+    if (!c.value().is_string() || !parse_hex32(c.value().get<std::string>(), v)) {
+      corrupt(path, "__metadata__.crc32c has a malformed checksum for " + c.key());
+    }
+    crcs[c.key()] = v;
+  }
+  return crcs;
+}
+
+}  // namespace
+
 SafetensorsReader::SafetensorsReader(std::filesystem::path path, Options options)
     : path_(path.string()), options_(options) {
+  map_file();
+  try {
+    const uint64_t data_start = parse_header();
+    check_tensors_tile_data(data_start);
+    check_metadata_checksum(path_, metadata_);
+    index_tensors(tensor_checksums(path_, metadata_));
+    verified_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
+  } catch (...) {
+    if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+void SafetensorsReader::map_file() {
   struct stat st {};
   int fd = -1;
   try {
@@ -198,145 +323,75 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path, Options options
     map_ = static_cast<const std::byte*>(m);
   }
   ::close(fd);
+}
 
+uint64_t SafetensorsReader::parse_header() {
+  if (size_ < 8)
+    corrupt(path_,
+            "file has " + std::to_string(size_) + " bytes, less than the 8-byte header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(map_[i]);
+  if (n > kMaxHeaderSize) corrupt(path_, "header length " + std::to_string(n) + " is implausible");
+  if (8 + n > size_) {
+    corrupt(path_, "header length " + std::to_string(n) + " runs past the end of the " +
+                       std::to_string(size_) + "-byte file");
+  }
+  const char* hp = reinterpret_cast<const char*>(map_ + 8);
+  if (n == 0 || hp[0] != kJsonObjectStart) corrupt(path_, "header does not start with a JSON object");
+  nlohmann::json header;
   try {
-    if (size_ < 8)
-      corrupt(path_,
-              "file has " + std::to_string(size_) + " bytes, less than the 8-byte header length");
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(map_[i]);
-    if (n > kMaxHeaderSize)
-      corrupt(path_, "header length " + std::to_string(n) + " is implausible");
-    if (8 + n > size_) {
-      corrupt(path_, "header length " + std::to_string(n) + " runs past the end of the " +
-                         std::to_string(size_) + "-byte file");
-    }
-    const char* hp = reinterpret_cast<const char*>(map_ + 8);
-    if (n == 0 || hp[0] != '{') corrupt(path_, "header does not start with a JSON object");
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(hp, hp + n);
-    } catch (const nlohmann::json::exception& e) {
-      corrupt(path_, std::string("header is not valid JSON (") + e.what() + ")");
-    }
-    if (!header.is_object()) corrupt(path_, "header is not a JSON object");
+    header = nlohmann::json::parse(hp, hp + n);
+  } catch (const nlohmann::json::exception& e) {
+    corrupt(path_, std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) corrupt(path_, "header is not a JSON object");
 
-    const uint64_t data_start = 8 + n;
-    const uint64_t data_size = size_ - data_start;
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      const std::string& name = it.key();
-      const auto& v = it.value();
-      if (name == "__metadata__") {
-        if (!v.is_object()) corrupt(path_, "__metadata__ is not an object");
-        for (auto m = v.begin(); m != v.end(); ++m) {
-          if (!m.value().is_string())
-            corrupt(path_, "__metadata__ value " + m.key() + " is not a string");
-          metadata_[m.key()] = m.value().get<std::string>();
-        }
-        continue;
-      }
-      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-          !v.contains("data_offsets")) {
-        corrupt(path_, "tensor " + name + " lacks dtype, shape or data_offsets");
-      }
-      Entry e;
-      e.spec.name = name;
-      if (!v["dtype"].is_string()) corrupt(path_, "tensor " + name + " has a non-string dtype");
-      try {
-        e.spec.dtype = dtype_from_name(v["dtype"].get<std::string>());
-      } catch (const InvalidArgument& err) {
-        corrupt(path_, "tensor " + name + ": " + err.what());
-      }
-      if (!v["shape"].is_array()) corrupt(path_, "tensor " + name + " has a non-array shape");
-      for (const auto& d : v["shape"]) {
-        if (!d.is_number_unsigned()) corrupt(path_, "tensor " + name + " has a bad dimension");
-        e.spec.shape.push_back(d.get<int64_t>());
-      }
-      const auto& off = v["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-          !off[1].is_number_unsigned()) {
-        corrupt(path_, "tensor " + name + " has malformed data_offsets");
-      }
-      uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-      if (b > en || en > data_size) {
-        corrupt(path_, "tensor " + name + " data_offsets [" + std::to_string(b) + ", " +
-                           std::to_string(en) + "] lie outside the " + std::to_string(data_size) +
-                           "-byte data section");
-      }
-      size_t nbytes = 0;
-      try {
-        nbytes = e.spec.nbytes();
-      } catch (const InvalidArgument& err) {
-        corrupt(path_, err.what());
-      }
-      if (en - b != nbytes) {
-        corrupt(path_, "tensor " + name + " spans " + std::to_string(en - b) + " bytes but " +
-                           std::string(dtype_name(e.spec.dtype)) + shape_string(e.spec.shape) +
-                           " needs " + std::to_string(nbytes));
-      }
-      e.begin = data_start + b;
-      e.end = data_start + en;
-      entries_.push_back(std::move(e));
+  const uint64_t data_start = 8 + n;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      metadata_ = parse_metadata(path_, it.value());
+      continue;
     }
-    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
-      return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
-    });
-    uint64_t expect = data_start;
-    for (const auto& e : entries_) {
-      if (e.begin != expect) {
-        corrupt(path_, e.begin > expect
-                           ? "gap of " + std::to_string(e.begin - expect) +
-                                 " bytes before tensor " + e.spec.name
-                           : "tensor " + e.spec.name + " overlaps the previous tensor");
-      }
-      expect = e.end;
-    }
-    if (expect != size_) {
-      corrupt(path_, std::to_string(size_ - expect) +
-                         " bytes after the last tensor are not covered by the header");
-    }
+    TensorExtent t = parse_tensor(path_, it.key(), it.value(), data_start, size_ - data_start);
+    Entry e;
+    e.spec = std::move(t.spec);
+    e.begin = t.begin;
+    e.end = t.end;
+    entries_.push_back(std::move(e));
+  }
+  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
+  return data_start;
+}
 
-    if (auto it = metadata_.find(std::string(kMetadataCrc32cKey)); it != metadata_.end()) {
-      uint32_t want = 0;
-      if (!parse_hex32(it->second, want) || want != metadata_crc32c(metadata_)) {
-        corrupt(path_,
-                "__metadata__ does not match its CRC-32C (metadata_crc32c): a value such as the "
-                "step or the data position was altered");
-      }
+void SafetensorsReader::check_tensors_tile_data(uint64_t data_start) const {
+  uint64_t expect = data_start;
+  for (const auto& e : entries_) {
+    if (e.begin != expect) {
+      corrupt(path_, e.begin > expect ? "gap of " + std::to_string(e.begin - expect) +
+                                            " bytes before tensor " + e.spec.name
+                                      : "tensor " + e.spec.name + " overlaps the previous tensor");
     }
-    std::map<std::string, uint32_t, std::less<>> crcs;
-    if (auto it = metadata_.find(std::string(kCrc32cMetadataKey)); it != metadata_.end()) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(it->second);
-      } catch (const nlohmann::json::exception&) {
-        corrupt(path_, "__metadata__.crc32c is not a JSON object");
-      }
-      if (!j.is_object()) corrupt(path_, "__metadata__.crc32c is not a JSON object");
-      for (auto c = j.begin(); c != j.end(); ++c) {
-        uint32_t v = 0;
-        if (!c.value().is_string() || !parse_hex32(c.value().get<std::string>(), v)) {
-          corrupt(path_, "__metadata__.crc32c has a malformed checksum for " + c.key());
-        }
-        crcs[c.key()] = v;
-      }
+    expect = e.end;
+  }
+  if (expect != size_) {
+    corrupt(path_, std::to_string(size_ - expect) +
+                       " bytes after the last tensor are not covered by the header");
+  }
+}
+
+void SafetensorsReader::index_tensors(const std::map<std::string, uint32_t, std::less<>>& crcs) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    auto& e = entries_[i];
+    if (!index_.emplace(e.spec.name, i).second)
+      corrupt(path_, "tensor " + e.spec.name + " listed twice");
+    if (auto c = crcs.find(e.spec.name); c != crcs.end()) {
+      e.has_crc = true;
+      e.crc = c->second;
+    } else if (options_.require_checksums) {
+      corrupt(path_, "tensor " + e.spec.name + " has no CRC-32C in __metadata__.crc32c");
     }
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      auto& e = entries_[i];
-      if (!index_.emplace(e.spec.name, i).second)
-        corrupt(path_, "tensor " + e.spec.name + " listed twice");
-      if (auto c = crcs.find(e.spec.name); c != crcs.end()) {
-        e.has_crc = true;
-        e.crc = c->second;
-      } else if (options_.require_checksums) {
-        corrupt(path_, "tensor " + e.spec.name + " has no CRC-32C in __metadata__.crc32c");
-      }
-    }
-    verified_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
-  } catch (...) {
-    if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
-    map_ = nullptr;
-    throw;
   }
 }
 

@@ -104,6 +104,13 @@ class SafetensorsReader : public TensorSource {
   const Entry& entry(std::string_view name) const;
   void verify(size_t index) const;
 
+  // The constructor's steps; each throws DataLoss naming the file and what is wrong.
+  void map_file();          // path_ -> map_, size_ (a regular file)
+  uint64_t parse_header();  // -> metadata_, entries_ by offset; returns where the data starts
+  void check_tensors_tile_data(uint64_t data_start) const;  // no gap, no overlap, no tail
+  // -> index_; each entry's CRC-32C from `crcs` (required with options_.require_checksums).
+  void index_tensors(const std::map<std::string, uint32_t, std::less<>>& crcs);
+
   std::string path_;
   Options options_;
   const std::byte* map_ = nullptr;
