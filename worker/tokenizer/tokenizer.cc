@@ -177,7 +177,14 @@ std::unique_ptr<GPT2Tokenizer> GPT2Tokenizer::load(const std::filesystem::path& 
 
 GPT2Tokenizer::GPT2Tokenizer(std::string_view vocab_json, std::string_view merges_txt,
                              std::string vocab_name, std::string merges_name) {
-  // vocab.json
+  const TokenIds ids = read_vocab(vocab_json, vocab_name);
+  map_bytes(ids, vocab_name);
+  decode_tokens_to_bytes();
+  read_merges(merges_txt, merges_name, ids, vocab_name);
+}
+
+GPT2Tokenizer::TokenIds GPT2Tokenizer::read_vocab(std::string_view vocab_json,
+                                                  const std::string& vocab_name) {
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(vocab_json);
@@ -187,7 +194,7 @@ GPT2Tokenizer::GPT2Tokenizer(std::string_view vocab_json, std::string_view merge
   if (!vocab.is_object() || vocab.empty()) {
     bad_file(vocab_name, "not a JSON object of token -> id");
   }
-  std::unordered_map<std::string, int32_t> ids;
+  TokenIds ids;
   ids.reserve(vocab.size());
   for (const auto& [token, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > 65535) {
@@ -200,6 +207,11 @@ GPT2Tokenizer::GPT2Tokenizer(std::string_view vocab_json, std::string_view merge
     tokens_[static_cast<size_t>(i)] = token;
   }
   vocab_size_ = static_cast<int>(tokens_.size());
+  return ids;
+}
+
+// Every byte has a single-character token (byte-level BPE); <|endoftext|> is optional.
+void GPT2Tokenizer::map_bytes(const TokenIds& ids, const std::string& vocab_name) {
   const ByteMap& map = byte_map();
   for (int b = 0; b < 256; ++b) {
     std::string ch;
@@ -214,8 +226,12 @@ GPT2Tokenizer::GPT2Tokenizer(std::string_view vocab_json, std::string_view merge
     byte_ids_[b] = it->second;
   }
   if (auto it = ids.find(std::string(kEndOfText)); it != ids.end()) end_of_text_ = it->second;
-  // What each id decodes to: its characters mapped back to bytes, or (special tokens such as
-  // <|endoftext|>, whose characters are not all byte characters) its literal text.
+}
+
+// What each id decodes to: its characters mapped back to bytes, or (special tokens such as
+// <|endoftext|>, whose characters are not all byte characters) its literal text.
+void GPT2Tokenizer::decode_tokens_to_bytes() {
+  const ByteMap& map = byte_map();
   token_bytes_.resize(tokens_.size());
   for (size_t id = 0; id < tokens_.size(); ++id) {
     const std::string& t = tokens_[id];
@@ -231,8 +247,11 @@ GPT2Tokenizer::GPT2Tokenizer(std::string_view vocab_json, std::string_view merge
     }
     token_bytes_[id] = all_bytes ? bytes : t;
   }
+}
 
-  // merges.txt
+// merges.txt: an optional "#version" first line, then one "left right" pair per line, by rank.
+void GPT2Tokenizer::read_merges(std::string_view merges_txt, const std::string& merges_name,
+                                const TokenIds& ids, const std::string& vocab_name) {
   size_t line_no = 0, begin = 0;
   int32_t rank = 0;
   while (begin < merges_txt.size()) {

@@ -95,7 +95,15 @@ class GPT2Tokenizer final : public Tokenizer {
   const std::string& token(int32_t id) const;
 
  private:
+  using TokenIds = std::unordered_map<std::string, int32_t>;  // vocabulary string -> id
+
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+  // The constructor's steps; each throws InvalidArgument naming the file (and line) at fault.
+  TokenIds read_vocab(std::string_view vocab_json, const std::string& vocab_name);  // tokens_
+  void map_bytes(const TokenIds& ids, const std::string& vocab_name);  // byte_ids_, end_of_text_
+  void decode_tokens_to_bytes();                                       // token_bytes_
+  void read_merges(std::string_view merges_txt, const std::string& merges_name, const TokenIds& ids,
+                   const std::string& vocab_name);  // merges_
 
   struct PairHash {
     size_t operator()(uint64_t key) const {
