@@ -183,6 +183,9 @@ Field string_map_field(std::string key, Ref<std::map<std::string, std::string>> 
                }};
 }
 
+// Every key of the config with its type and bounds, in the order to_yaml writes them. A table of
+// data, one entry per key: it grows with the config and is read as a list, so it stays one
+// function (longer than the others on purpose).
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = [] {
     constexpr int kMaxDim = 1 << 20;
@@ -469,47 +472,81 @@ void reject(const std::vector<std::string>& errors) {
   throw InvalidArgument(msg);
 }
 
-}  // namespace
-
-std::vector<std::string> config_keys() {
-  std::vector<std::string> keys;
-  for (const auto& f : schema()) keys.push_back(f.key);
-  return keys;
+// The YAML file at `path` (described as `where` in errors), as a mapping of sections, with no
+// duplicate keys and the schema's shape. An empty path is the empty mapping (the defaults).
+YAML::Node read_yaml(const std::filesystem::path& path, const std::string& where) {
+  YAML::Node root(YAML::NodeType::Map);
+  if (path.empty()) return root;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InvalidArgument(where + " is a directory; --config takes a YAML file");
+  }
+  const std::string text = file::read_file(path);  // NotFound / PermissionDenied name it
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw InvalidArgument(where + " is not valid YAML (line " + std::to_string(e.mark.line + 1) +
+                          ", column " + std::to_string(e.mark.column + 1) + "): " + e.msg);
+  }
+  if (root.IsNull()) {
+    root = YAML::Node(YAML::NodeType::Map);
+  } else if (!root.IsMap()) {
+    throw InvalidArgument(where +
+                          " must be a YAML mapping of sections (model:, data:, "
+                          "training:, ...); see examples/worker-tiny.yaml");
+  }
+  std::vector<std::string> errors;
+  check_duplicates(root, "", where, errors);
+  reject(errors);
+  check_structure(root, "", where, errors);
+  reject(errors);
+  return root;
 }
 
-WorkerConfig load_config(const std::filesystem::path& path,
-                         const std::vector<std::string>& overrides) {
-  WorkerConfig config;
-  config.source = path;
-  const std::string where = path.empty() ? "default config" : "config " + path.string();
-  YAML::Node root(YAML::NodeType::Map);
-  std::vector<std::string> errors;
-  if (!path.empty()) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) {
-      throw InvalidArgument(where + " is a directory; --config takes a YAML file");
+// Why `--set key=...` names nothing that can be set: a mapping (whose entries can), a section,
+// or an unknown key (with the nearest known one).
+std::string why_not_settable(const std::string& key, const Field* field) {
+  if (field != nullptr) return key + " is a mapping; set its entries as " + key + ".NAME=VALUE";
+  if (is_section(key)) {
+    std::string some;
+    for (const auto& f : schema()) {
+      if (f.key.rfind(key + ".", 0) == 0) {
+        some = f.key;
+        break;
+      }
     }
-    const std::string text = file::read_file(path);  // NotFound / PermissionDenied name it
-    try {
-      root = YAML::Load(text);
-    } catch (const YAML::ParserException& e) {
-      throw InvalidArgument(where + " is not valid YAML (line " + std::to_string(e.mark.line + 1) +
-                            ", column " + std::to_string(e.mark.column + 1) + "): " + e.msg);
-    }
-    if (root.IsNull()) {
-      root = YAML::Node(YAML::NodeType::Map);
-    } else if (!root.IsMap()) {
-      throw InvalidArgument(where +
-                            " must be a YAML mapping of sections (model:, data:, "
-                            "training:, ...); see examples/worker-tiny.yaml");
-    }
-    check_duplicates(root, "", where, errors);
-    reject(errors);
-    check_structure(root, "", where, errors);
-    reject(errors);
+    return key + " is a section, not a key: set one of its keys, e.g. --set " + some + "=...";
   }
+  return "unknown key '" + key + "'" + suggestion(key);
+}
 
-  // --set overrides.
+// Sets one `key=value` of --set in `root`: a scalar key, or an entry of a map field
+// (checkpoint.init_name_map.<our name with dots>=<their name>). Returns the schema keys it set
+// (none when `key` names nothing settable).
+std::vector<std::string> set_override(YAML::Node& root, const std::string& key,
+                                      const std::string& value) {
+  const Field* field = find_field(key);
+  if (field != nullptr && field->kind == Kind::kScalar) {
+    node_at(root, split_key(key)) = YAML::Node(value);
+    return {key};
+  }
+  std::vector<std::string> set;
+  for (const auto& f : schema()) {
+    if (f.kind == Kind::kMap && key.size() > f.key.size() + 1 &&
+        key.compare(0, f.key.size() + 1, f.key + ".") == 0) {
+      YAML::Node map = node_at(root, split_key(f.key));
+      if (!map.IsMap()) map = YAML::Node(YAML::NodeType::Map);
+      map[key.substr(f.key.size() + 1)] = value;
+      set.push_back(f.key);
+    }
+  }
+  return set;
+}
+
+// Applies --set `overrides` to `root`; returns the schema keys they set. A malformed or unknown
+// override is an error in `errors`.
+std::set<std::string> apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides,
+                                      std::vector<std::string>& errors) {
   std::set<std::string> overridden;
   for (const auto& item : overrides) {
     const auto eq = item.find('=');
@@ -519,47 +556,18 @@ WorkerConfig load_config(const std::filesystem::path& path,
       continue;
     }
     const std::string key = item.substr(0, eq);
-    const std::string value = item.substr(eq + 1);
-    const Field* field = find_field(key);
-    if (field != nullptr && field->kind == Kind::kScalar) {
-      node_at(root, split_key(key)) = YAML::Node(value);
-      overridden.insert(key);
-      continue;
-    }
-    // An entry of a map field: checkpoint.init_name_map.<our name with dots>=<their name>.
-    bool done = false;
-    for (const auto& f : schema()) {
-      if (f.kind == Kind::kMap && key.size() > f.key.size() + 1 &&
-          key.compare(0, f.key.size() + 1, f.key + ".") == 0) {
-        YAML::Node map = node_at(root, split_key(f.key));
-        if (!map.IsMap()) map = YAML::Node(YAML::NodeType::Map);
-        map[key.substr(f.key.size() + 1)] = value;
-        overridden.insert(f.key);
-        done = true;
-      }
-    }
-    if (!done) {
-      std::string why;
-      if (field != nullptr) {
-        why = key + " is a mapping; set its entries as " + key + ".NAME=VALUE";
-      } else if (is_section(key)) {
-        std::string some;
-        for (const auto& f : schema()) {
-          if (f.key.rfind(key + ".", 0) == 0) {
-            some = f.key;
-            break;
-          }
-        }
-        why = key + " is a section, not a key: set one of its keys, e.g. --set " + some + "=...";
-      } else {
-        why = "unknown key '" + key + "'" + suggestion(key);
-      }
-      errors.push_back(origin + ": " + why);
-    }
+    const std::vector<std::string> set = set_override(root, key, item.substr(eq + 1));
+    if (set.empty()) errors.push_back(origin + ": " + why_not_settable(key, find_field(key)));
+    overridden.insert(set.begin(), set.end());
   }
-  reject(errors);
+  return overridden;
+}
 
-  // Values.
+// Every schema key present in `root`, parsed into `config`; a bad value is an error naming where
+// it came from (the file, or the --set that gave it).
+void parse_values(const YAML::Node& root, const std::set<std::string>& overridden,
+                  const std::string& where, WorkerConfig& config,
+                  std::vector<std::string>& errors) {
   for (const auto& f : schema()) {
     YAML::Node n = root;
     bool present = true;
@@ -578,9 +586,11 @@ WorkerConfig load_config(const std::filesystem::path& path,
                        err);
     }
   }
-  reject(errors);
+}
 
-  // Relations between keys.
+// Relations between keys that each parsed on its own.
+void check_relations(const WorkerConfig& config, const std::string& where,
+                     std::vector<std::string>& errors) {
   const auto& t = config.training;
   const int64_t micro = t.batch_size * t.seq_len;
   if (t.total_batch_tokens != 0 && t.total_batch_tokens % micro != 0) {
@@ -597,6 +607,28 @@ WorkerConfig load_config(const std::filesystem::path& path,
     errors.push_back(where + ": model.n_embd " + std::to_string(*config.model.n_embd) +
                      " must be a multiple of model.n_head " + std::to_string(*config.model.n_head));
   }
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const auto& f : schema()) keys.push_back(f.key);
+  return keys;
+}
+
+WorkerConfig load_config(const std::filesystem::path& path,
+                         const std::vector<std::string>& overrides) {
+  WorkerConfig config;
+  config.source = path;
+  const std::string where = path.empty() ? "default config" : "config " + path.string();
+  YAML::Node root = read_yaml(path, where);
+  std::vector<std::string> errors;
+  const std::set<std::string> overridden = apply_overrides(root, overrides, errors);
+  reject(errors);
+  parse_values(root, overridden, where, config, errors);
+  reject(errors);
+  check_relations(config, where, errors);
   reject(errors);
   return config;
 }
