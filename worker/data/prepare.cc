@@ -40,6 +40,74 @@ std::vector<std::filesystem::path> write_split(const std::filesystem::path& dir,
   return written;
 }
 
+// The tokenizer --tokenizer names: bytes, or gpt2 from --vocab/--merges (InvalidArgument for
+// anything it cannot use).
+std::unique_ptr<tokenizer::Tokenizer> tokenizer_for(const PrepareOptions& options) {
+  if (options.tokenizer == "bytes") return std::make_unique<tokenizer::ByteTokenizer>();
+  if (options.tokenizer != "gpt2") {
+    throw InvalidArgument("--tokenizer must be bytes or gpt2, got \"" + options.tokenizer + "\"");
+  }
+  if (options.vocab.empty() || options.merges.empty()) {
+    throw InvalidArgument(
+        "prepare-data --tokenizer gpt2 needs --vocab vocab.json and --merges "
+        "merges.txt (Hugging Face's gpt2 files)");
+  }
+  try {
+    return tokenizer::GPT2Tokenizer::load(options.vocab, options.merges);
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const Error& e) {
+    throw InvalidArgument(std::string("prepare-data: ") + e.what());
+  }
+}
+
+// Every input file as one document, in order (preceded by <|endoftext|> when the tokenizer has
+// it, as llm.c does). InvalidArgument when all of them are empty.
+std::vector<uint16_t> encode_inputs(const PrepareOptions& options, tokenizer::Tokenizer& tok) {
+  std::vector<int32_t> ids;
+  bool any_text = false;
+  for (const auto& input : options.inputs) {
+    const std::string text = file::read_file(input);
+    any_text = any_text || !text.empty();
+    if (auto eot = tok.end_of_text()) ids.push_back(*eot);
+    tok.encode(text, ids);
+  }
+  if (!any_text) throw InvalidArgument("prepare-data: the input files are empty");
+  return std::vector<uint16_t>(ids.begin(), ids.end());  // ids < 65536 (tokenizer.h)
+}
+
+// The manifest (and the tokenizer files it names), so training records how to decode.
+void write_manifest(const PrepareOptions& options, const tokenizer::Tokenizer& tok,
+                    const PrepareResult& result) {
+  nlohmann::json manifest{{"tokenizer", std::string(tok.kind())},
+                          {"vocab_size", tok.vocab_size()},
+                          {"train_tokens", result.train_tokens},
+                          {"val_tokens", result.val_tokens}};
+  if (auto eot = tok.end_of_text()) manifest["end_of_text"] = *eot;
+  if (tok.kind() == "gpt2") {
+    file::write_atomically(options.output_dir / "vocab.json", file::read_file(options.vocab));
+    file::write_atomically(options.output_dir / "merges.txt", file::read_file(options.merges));
+    manifest["vocab"] = "vocab.json";
+    manifest["merges"] = "merges.txt";
+  }
+  file::write_atomically(options.output_dir / kDataManifestName, manifest.dump(2) + "\n");
+}
+
+// Removes the shards of an earlier preparation with more shards than this one wrote.
+void remove_stale_shards(const std::filesystem::path& dir, const PrepareResult& result) {
+  const std::regex ours(R"((train|val)_\d{6}\.bin)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, ours)) continue;
+    const auto& keep = name[0] == 't' ? result.train_shards : result.val_shards;
+    if (std::find(keep.begin(), keep.end(), entry.path()) == keep.end()) {
+      LH_LOG(WARNING) << "removing stale shard of an earlier prepare-data run"
+                      << kv("path", entry.path().string());
+      std::filesystem::remove(entry.path());
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<uint16_t> byte_tokens(std::string_view text) {
@@ -55,35 +123,8 @@ PrepareResult prepare_text_shards(const PrepareOptions& options) {
   }
   if (options.shard_tokens == 0) throw InvalidArgument("--shard-tokens must be positive");
   if (options.inputs.empty()) throw InvalidArgument("prepare-data needs at least one --input");
-  std::unique_ptr<tokenizer::Tokenizer> tok;
-  if (options.tokenizer == "bytes") {
-    tok = std::make_unique<tokenizer::ByteTokenizer>();
-  } else if (options.tokenizer == "gpt2") {
-    if (options.vocab.empty() || options.merges.empty()) {
-      throw InvalidArgument(
-          "prepare-data --tokenizer gpt2 needs --vocab vocab.json and --merges "
-          "merges.txt (Hugging Face's gpt2 files)");
-    }
-    try {
-      tok = tokenizer::GPT2Tokenizer::load(options.vocab, options.merges);
-    } catch (const InvalidArgument&) {
-      throw;
-    } catch (const Error& e) {
-      throw InvalidArgument(std::string("prepare-data: ") + e.what());
-    }
-  } else {
-    throw InvalidArgument("--tokenizer must be bytes or gpt2, got \"" + options.tokenizer + "\"");
-  }
-  std::vector<int32_t> ids;
-  bool any_text = false;
-  for (const auto& input : options.inputs) {
-    const std::string text = file::read_file(input);
-    any_text = any_text || !text.empty();
-    if (auto eot = tok->end_of_text()) ids.push_back(*eot);  // a document per file, as llm.c
-    tok->encode(text, ids);
-  }
-  if (!any_text) throw InvalidArgument("prepare-data: the input files are empty");
-  std::vector<uint16_t> tokens(ids.begin(), ids.end());  // ids < 65536 (tokenizer.h)
+  const std::unique_ptr<tokenizer::Tokenizer> tok = tokenizer_for(options);
+  const std::vector<uint16_t> tokens = encode_inputs(options, *tok);
   const size_t n_val = val_count(tokens.size(), options.val_fraction);
   const std::span<const uint16_t> all(tokens);
 
@@ -95,33 +136,8 @@ PrepareResult prepare_text_shards(const PrepareOptions& options) {
   result.train_tokens = tokens.size() - n_val;
   result.val_tokens = n_val;
   result.vocab_size = tok->vocab_size();
-
-  // The manifest (and the tokenizer files it names), so training records how to decode.
-  nlohmann::json manifest{{"tokenizer", std::string(tok->kind())},
-                          {"vocab_size", tok->vocab_size()},
-                          {"train_tokens", result.train_tokens},
-                          {"val_tokens", result.val_tokens}};
-  if (auto eot = tok->end_of_text()) manifest["end_of_text"] = *eot;
-  if (tok->kind() == "gpt2") {
-    file::write_atomically(options.output_dir / "vocab.json", file::read_file(options.vocab));
-    file::write_atomically(options.output_dir / "merges.txt", file::read_file(options.merges));
-    manifest["vocab"] = "vocab.json";
-    manifest["merges"] = "merges.txt";
-  }
-  file::write_atomically(options.output_dir / kDataManifestName, manifest.dump(2) + "\n");
-
-  // Remove stale shards from an earlier preparation with more shards.
-  const std::regex ours(R"((train|val)_\d{6}\.bin)");
-  for (const auto& entry : std::filesystem::directory_iterator(options.output_dir)) {
-    const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, ours)) continue;
-    const auto& keep = name[0] == 't' ? result.train_shards : result.val_shards;
-    if (std::find(keep.begin(), keep.end(), entry.path()) == keep.end()) {
-      LH_LOG(WARNING) << "removing stale shard of an earlier prepare-data run"
-                      << kv("path", entry.path().string());
-      std::filesystem::remove(entry.path());
-    }
-  }
+  write_manifest(options, *tok, result);
+  remove_stale_shards(options.output_dir, result);
   return result;
 }
 
