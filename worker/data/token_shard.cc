@@ -37,6 +37,43 @@ void write_shard(const std::filesystem::path& path, std::span<const uint16_t> to
   out.commit();
 }
 
+namespace {
+
+// The header of the shard `name` of `file_bytes` bytes: llm.c's magic and version, and a token
+// count that accounts for every byte after the header. Returns the count.
+size_t check_header(const std::string& name, const int32_t (&header)[3], size_t file_bytes) {
+  if (header[0] != kShardMagic) {
+    throw InvalidArgument("token shard " + name + " has magic " + std::to_string(header[0]) +
+                          ", expected " + std::to_string(kShardMagic) +
+                          " (llm.c token shard format): is it a token shard? Make shards with "
+                          "`longhaul-worker prepare-data`");
+  }
+  if (header[1] != kShardVersion) {
+    throw InvalidArgument("token shard " + name + " has version " + std::to_string(header[1]) +
+                          ", this build reads version " + std::to_string(kShardVersion) +
+                          " (uint16 tokens); re-create it with `longhaul-worker prepare-data`");
+  }
+  if (header[2] < 0) {
+    throw DataLoss("token shard " + name + " has a negative token count " +
+                   std::to_string(header[2]) + " in its header: the file is corrupt");
+  }
+  const size_t expected = kShardHeaderBytes + static_cast<size_t>(header[2]) * sizeof(uint16_t);
+  if (file_bytes < expected) {
+    throw DataLoss("token shard " + name + " is truncated: its header promises " +
+                   std::to_string(header[2]) + " tokens (" + std::to_string(expected) +
+                   " bytes) but the file has " + std::to_string(file_bytes) +
+                   " bytes; re-create or re-copy it");
+  }
+  if (file_bytes > expected) {
+    throw DataLoss("token shard " + name + " has " + std::to_string(file_bytes - expected) +
+                   " bytes after the " + std::to_string(header[2]) +
+                   " tokens its header promises: the file is corrupt; re-create it");
+  }
+  return static_cast<size_t>(header[2]);
+}
+
+}  // namespace
+
 TokenShard::TokenShard(std::filesystem::path path) : path_(std::move(path)) {
   const std::string name = path_.string();
   int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
@@ -64,41 +101,15 @@ TokenShard::TokenShard(std::filesystem::path path) : path_(std::move(path)) {
   map_bytes_ = file_bytes;
   int32_t header[3];
   std::memcpy(header, map_, sizeof(header));
-  auto fail = [&](auto error) {
+  try {
+    num_tokens_ = check_header(name, header, file_bytes);
+  } catch (...) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
-    throw error;
-  };
-  if (header[0] != kShardMagic) {
-    fail(InvalidArgument("token shard " + name + " has magic " + std::to_string(header[0]) +
-                         ", expected " + std::to_string(kShardMagic) +
-                         " (llm.c token shard format): is it a token shard? Make shards with "
-                         "`longhaul-worker prepare-data`"));
-  }
-  if (header[1] != kShardVersion) {
-    fail(InvalidArgument("token shard " + name + " has version " + std::to_string(header[1]) +
-                         ", this build reads version " + std::to_string(kShardVersion) +
-                         " (uint16 tokens); re-create it with `longhaul-worker prepare-data`"));
-  }
-  if (header[2] < 0) {
-    fail(DataLoss("token shard " + name + " has a negative token count " +
-                  std::to_string(header[2]) + " in its header: the file is corrupt"));
-  }
-  const size_t expected = kShardHeaderBytes + static_cast<size_t>(header[2]) * sizeof(uint16_t);
-  if (file_bytes < expected) {
-    fail(DataLoss("token shard " + name + " is truncated: its header promises " +
-                  std::to_string(header[2]) + " tokens (" + std::to_string(expected) +
-                  " bytes) but the file has " + std::to_string(file_bytes) +
-                  " bytes; re-create or re-copy it"));
-  }
-  if (file_bytes > expected) {
-    fail(DataLoss("token shard " + name + " has " + std::to_string(file_bytes - expected) +
-                  " bytes after the " + std::to_string(header[2]) +
-                  " tokens its header promises: the file is corrupt; re-create it"));
+    throw;
   }
   tokens_ =
       reinterpret_cast<const uint16_t*>(static_cast<const std::byte*>(map_) + kShardHeaderBytes);
-  num_tokens_ = static_cast<size_t>(header[2]);
 }
 
 TokenShard::~TokenShard() {
