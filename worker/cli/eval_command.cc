@@ -14,6 +14,7 @@
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/trainer/config.h"
 #include "longhaul/trainer/trainer.h"
+#include "longhaul/trainer/validation.h"
 
 namespace longhaul::cli {
 namespace {
@@ -122,33 +123,16 @@ int run_eval(const EvalArgs& args) {
     throw trainer::CheckpointError(e.code(), "cannot load " + args.checkpoint + ": " + e.what());
   }
 
-  std::vector<int32_t> inputs, targets;
-  data::Batch batch;
-  double sum = 0;
-  int64_t n = 0;
-  while (loader->next(batch)) {
-    batch.to_int32(inputs, targets);
-    try {
-      sum += model->forward_loss(inputs.data(), targets.data(), B, T);
-    } catch (const InvalidArgument& e) {
-      throw trainer::DataError(Code::kInvalidArgument,
-                               "bad batch from " + std::string(batch.source) + ": " + e.what());
-    }
-    ++n;
-  }
-  const double mean = sum / static_cast<double>(n);
+  const trainer::ValidationLoss loss = trainer::validation_loss(*model, *loader, B, T);
+  const int64_t n = loss.batches;
   const int64_t step = ckpt->global_step();
   if (args.json) {
-    nlohmann::json j{{"checkpoint", args.checkpoint},
-                     {"step", step},
-                     {"data", args.data},
-                     {"mean_loss", mean},
-                     {"batches", n},
-                     {"tokens", n * B * T}};
+    nlohmann::json j{{"checkpoint", args.checkpoint}, {"step", step}, {"data", args.data},
+                     {"mean_loss", loss.mean_loss},   {"batches", n}, {"tokens", n * B * T}};
     std::cout << j.dump() << "\n";
   } else {
     std::printf("checkpoint %s (step %lld): mean loss %.6f over %lld batches (%lld tokens) of %s\n",
-                args.checkpoint.c_str(), static_cast<long long>(step), mean,
+                args.checkpoint.c_str(), static_cast<long long>(step), loss.mean_loss,
                 static_cast<long long>(n), static_cast<long long>(n * B * T), args.data.c_str());
   }
   return kExitFinished;
