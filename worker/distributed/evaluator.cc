@@ -19,6 +19,7 @@
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/trainer/run.h"
 #include "longhaul/trainer/trainer.h"
+#include "longhaul/trainer/validation.h"
 
 namespace longhaul::dist {
 namespace {
@@ -94,7 +95,6 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& options) {
   std::set<int64_t> done = evaluated_steps(eval_dir);
   std::unique_ptr<supervisor::EventsWriter> events;  // opened at the first evaluation
   EvaluatorResult result;
-  std::vector<int32_t> inputs, targets;
   LH_LOG(INFO) << "evaluator following the logdir" << kv("logdir", options.logdir.string())
                << kv("already_evaluated", done.size()) << kv("val", val_set->description());
 
@@ -120,17 +120,9 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& options) {
       throw trainer::CheckpointError(e.code(),
                                      "evaluator cannot load " + path.string() + ": " + e.what());
     }
-    val->reset();
-    data::Batch batch;
-    double sum = 0;
-    int64_t n = 0;
-    while (val->next(batch)) {
-      batch.to_int32(inputs, targets);
-      sum += model->forward_loss(inputs.data(), targets.data(), static_cast<int>(t.batch_size),
-                                 static_cast<int>(t.seq_len));
-      ++n;
-    }
-    const double loss = n > 0 ? sum / static_cast<double>(n) : 0.0;
+    const double loss = trainer::validation_loss(*model, *val, static_cast<int>(t.batch_size),
+                                                 static_cast<int>(t.seq_len))
+                            .mean_loss;
     if (!events) {
       events = std::make_unique<supervisor::EventsWriter>(eval_dir);
     }
