@@ -14,6 +14,7 @@
 #include "longhaul/base/log.h"
 #include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/model/cuda/cuda_backend.h"
+#include "longhaul/trainer/validation.h"
 
 namespace longhaul::trainer {
 namespace {
@@ -531,26 +532,15 @@ StepStats Trainer::train_step() {
 std::optional<double> Trainer::evaluate() {
   if (!val_) return std::nullopt;
   const auto& t = config_.training;
-  val_->reset();
-  data::Batch batch;
-  double sum = 0;
-  int64_t n = 0;
-  while (val_->next(batch)) {
-    if (stop_check_ && stop_check_(std::numeric_limits<double>::infinity())) {
-      LH_LOG(INFO) << "evaluation abandoned: a stop was requested" << kv("batches_done", n);
-      return std::nullopt;
-    }
-    batch.to_int32(inputs_, targets_);
-    try {
-      sum += model_->forward_loss(inputs_.data(), targets_.data(), static_cast<int>(t.batch_size),
-                                  static_cast<int>(t.seq_len));
-    } catch (const InvalidArgument& e) {
-      throw DataError(Code::kInvalidArgument,
-                      "bad validation batch from " + std::string(batch.source) + ": " + e.what());
-    }
-    ++n;
+  const ValidationLoss loss = validation_loss(
+      *model_, *val_, static_cast<int>(t.batch_size), static_cast<int>(t.seq_len),
+      [this] { return stop_check_ && stop_check_(std::numeric_limits<double>::infinity()); });
+  if (loss.stopped) {
+    LH_LOG(INFO) << "evaluation abandoned: a stop was requested"
+                 << kv("batches_done", loss.batches);
+    return std::nullopt;
   }
-  return n == 0 ? std::nullopt : std::optional<double>(sum / static_cast<double>(n));
+  return loss.batches == 0 ? std::nullopt : std::optional<double>(loss.mean_loss);
 }
 
 void Trainer::load_pretrained(const supervisor::TensorSource& source,
