@@ -402,8 +402,45 @@ double Trainer::learning_rate_at(int64_t step) const {
   return model::learning_rate_at(schedule_, step);
 }
 
-StepStats Trainer::train_step() {
-  const auto start = std::chrono::steady_clock::now();
+// Gives back the step's data when a stop or a lost peer abandons it, clears the gradients, so
+// the state of the last completed step is kept.
+void Trainer::abandon_step(const std::string& step_start_position) {
+  if (!step_start_position.empty()) train_->restore(step_start_position);
+  model_->zero_grad();
+}
+
+void Trainer::check_stop_inside_step(int64_t micro, std::chrono::steady_clock::time_point start,
+                                     const std::string& step_start_position) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double per_micro = micro == 0 ? 0 : elapsed / static_cast<double>(micro);
+  const double left = per_micro * static_cast<double>(accumulation_steps_ - micro);
+  if (!stop_check_(left)) return;
+  abandon_step(step_start_position);
+  const std::string why = "stop requested inside step " + std::to_string(global_step() + 1) +
+                          " after " + std::to_string(micro) + " of " +
+                          std::to_string(accumulation_steps_) +
+                          " micro-batches: the step was abandoned; the state of step " +
+                          std::to_string(global_step()) + " is kept";
+  LH_LOG(WARNING) << why;
+  throw Cancelled(why);
+}
+
+void Trainer::warn_once_if_a_step_takes_a_day(std::chrono::steady_clock::time_point start) {
+  if (warned_step_time_) return;
+  warned_step_time_ = true;
+  const double per_micro =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double step_secs = per_micro * static_cast<double>(accumulation_steps_);
+  if (step_secs > 86400) {
+    LH_LOG(WARNING) << "one optimizer step will take more than a day at the measured rate ("
+                    << accumulation_steps_ << " micro-batches of " << per_micro
+                    << " s): lower training.total_batch_tokens"
+                    << kv("estimated_step_hours", step_secs / 3600);
+  }
+}
+
+double Trainer::accumulate_gradients(std::chrono::steady_clock::time_point start) {
   const auto& t = config_.training;
   const int B = static_cast<int>(t.batch_size), T = static_cast<int>(t.seq_len);
   model_->zero_grad();
@@ -421,39 +458,11 @@ StepStats Trainer::train_step() {
   // applied: the data loader goes back to where the step started and the gradients are
   // cleared, so this replica holds exactly the state of its last completed step, which a
   // regroup may hand to a replacement (worker/distributed, "Recovery in place").
-  StepStats stats;
   const int64_t step = global_step();
   try {
     for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
-      if (stop_check_) {
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        const double per_micro = micro == 0 ? 0 : elapsed / static_cast<double>(micro);
-        const double left = per_micro * static_cast<double>(accumulation_steps_ - micro);
-        if (stop_check_(left)) {
-          if (!step_start_position.empty()) train_->restore(step_start_position);
-          model_->zero_grad();
-          const std::string why =
-              "stop requested inside step " + std::to_string(global_step() + 1) + " after " +
-              std::to_string(micro) + " of " + std::to_string(accumulation_steps_) +
-              " micro-batches: the step was abandoned; the state of step " +
-              std::to_string(global_step()) + " is kept";
-          LH_LOG(WARNING) << why;
-          throw Cancelled(why);
-        }
-      }
-      if (micro == 1 && !warned_step_time_) {  // after one micro-batch: the step's time is known
-        warned_step_time_ = true;
-        const double per_micro =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        const double step_secs = per_micro * static_cast<double>(accumulation_steps_);
-        if (step_secs > 86400) {
-          LH_LOG(WARNING) << "one optimizer step will take more than a day at the measured rate ("
-                          << accumulation_steps_ << " micro-batches of " << per_micro
-                          << " s): lower training.total_batch_tokens"
-                          << kv("estimated_step_hours", step_secs / 3600);
-        }
-      }
+      if (stop_check_) check_stop_inside_step(micro, start, step_start_position);
+      if (micro == 1) warn_once_if_a_step_takes_a_day(start);  // one micro-batch's time known
       data::Batch batch = train_->next();
       batch.to_int32(inputs_, targets_);
       if (micro == accumulation_steps_ - 1 && last_backward_hook_) last_backward_hook_(*model_);
@@ -466,7 +475,7 @@ StepStats Trainer::train_step() {
                                                     std::to_string(model_->config().vocab_size));
       }
     }
-    stats.loss = loss_sum / static_cast<double>(accumulation_steps_);
+    double loss = loss_sum / static_cast<double>(accumulation_steps_);
     if (inject_nan_at_step_ == step + 1) {
       const float nan = std::numeric_limits<float>::quiet_NaN();
       model_->upload(std::span<const float>(&nan, 1), model_->gradients_flat().subspan(0, 1));
@@ -474,50 +483,53 @@ StepStats Trainer::train_step() {
     // Data-parallel replicas average gradients here (longhaul/dist), so the norm, clipping and
     // the optimizer step are identical on every replica.
     if (gradient_hook_) gradient_hook_(*model_);
-    if (loss_reducer_) stats.loss = loss_reducer_(stats.loss);
+    if (loss_reducer_) loss = loss_reducer_(loss);
+    return loss;
   } catch (const Aborted&) {
-    if (!step_start_position.empty()) train_->restore(step_start_position);
-    model_->zero_grad();
+    abandon_step(step_start_position);
     LH_LOG(WARNING) << "step abandoned: a collective failed" << kv("step", global_step() + 1)
                     << kv("state_kept_at_step", global_step());
     throw;
   }
+}
+
+void Trainer::skip_step(int64_t step, const WatchdogVerdict& verdict) {
+  const auto& t = config_.training;
+  const bool skip = t.on_nonfinite == "skip_step";
+  if (!skip || consecutive_skips_ + 1 > t.max_consecutive_skips) {
+    throw NumericalError(
+        "step " + std::to_string(step + 1) + ": " + verdict.reason +
+        (skip ? "; " + std::to_string(consecutive_skips_ + 1) +
+                    " bad steps in a row exceed training.max_consecutive_skips"
+              : std::string()) +
+        ". The step was not applied and not checkpointed: the latest checkpoint is the last "
+        "good state. Lower training.learning_rate or check the data; training.on_nonfinite: "
+        "skip_step drops such steps instead");
+  }
+  ++consecutive_skips_;
+  ++skipped_steps_;
+  LH_LOG(WARNING) << "numerical watchdog: step skipped, its update dropped" << kv("step", step + 1)
+                  << kv("why", verdict.reason) << kv("skipped_total", skipped_steps_);
+}
+
+StepStats Trainer::train_step() {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t step = global_step();
+  StepStats stats;
+  stats.loss = accumulate_gradients(start);
   const float norm = model_->gradient_norm();
   const double lr = learning_rate_at(step);
   // The watchdog judges the step before anything is applied (watchdog.h).
   if (const WatchdogVerdict verdict = watchdog_.check(step + 1, stats.loss, norm); !verdict.ok) {
-    const bool skip = t.on_nonfinite == "skip_step";
-    if (!skip || consecutive_skips_ + 1 > t.max_consecutive_skips) {
-      throw NumericalError(
-          "step " + std::to_string(step + 1) + ": " + verdict.reason +
-          (skip ? "; " + std::to_string(consecutive_skips_ + 1) +
-                      " bad steps in a row exceed training.max_consecutive_skips"
-                : std::string()) +
-          ". The step was not applied and not checkpointed: the latest checkpoint is the last "
-          "good state. Lower training.learning_rate or check the data; training.on_nonfinite: "
-          "skip_step drops such steps instead");
-    }
-    ++consecutive_skips_;
-    ++skipped_steps_;
-    LH_LOG(WARNING) << "numerical watchdog: step skipped, its update dropped"
-                    << kv("step", step + 1) << kv("why", verdict.reason)
-                    << kv("skipped_total", skipped_steps_);
-    train_tokens_ += tokens_per_step();
-    step_.store(step + 1, std::memory_order_release);
-    stats.step = step + 1;
-    stats.learning_rate = lr;
-    stats.grad_norm = norm;
-    stats.tokens = tokens_per_step();
+    skip_step(step, verdict);  // or throws NumericalError
     stats.skipped = true;
     stats.skip_reason = verdict.reason;
-    stats.skipped_total = skipped_steps_;
-    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return stats;
+  } else {
+    consecutive_skips_ = 0;
+    const float clip = static_cast<float>(config_.training.grad_clip);
+    const float grad_scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
+    model_->optimizer_step(adamw_, static_cast<float>(lr), grad_scale);
   }
-  consecutive_skips_ = 0;
-  const float clip = static_cast<float>(t.grad_clip);
-  const float grad_scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
-  model_->optimizer_step(adamw_, static_cast<float>(lr), grad_scale);
   train_tokens_ += tokens_per_step();
   step_.store(step + 1, std::memory_order_release);
   stats.step = step + 1;

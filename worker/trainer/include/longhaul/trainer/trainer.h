@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -174,6 +175,17 @@ class Trainer : public supervisor::TrainingState {
   std::string incompatibility(const supervisor::TensorSource& checkpoint) const;
 
  private:
+  // train_step's pieces. accumulate_gradients runs every micro-batch's forward/backward (and the
+  // gradient all-reduce of data-parallel replicas) and returns the step's loss; a stop request
+  // (Cancelled) or a lost peer (Aborted) abandons the step with abandon_step. skip_step counts a
+  // step the watchdog refused, or throws NumericalError when skipping is not allowed.
+  double accumulate_gradients(std::chrono::steady_clock::time_point start);
+  void check_stop_inside_step(int64_t micro, std::chrono::steady_clock::time_point start,
+                              const std::string& step_start_position);
+  void warn_once_if_a_step_takes_a_day(std::chrono::steady_clock::time_point start);
+  void abandon_step(const std::string& step_start_position);
+  void skip_step(int64_t step, const WatchdogVerdict& verdict);
+
   struct Slot {
     supervisor::TensorSpec spec;
     float* data;  // the model's memory (device memory on CUDA): moved with upload/snapshot
