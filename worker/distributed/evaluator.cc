@@ -62,13 +62,11 @@ std::set<int64_t> evaluated_steps(const fs::path& eval_dir) {
   return steps;
 }
 
-}  // namespace
-
-EvaluatorResult run_evaluator(const EvaluatorOptions& options) {
-  const trainer::WorkerConfig& config = options.config;
-  std::ostream& out = options.progress ? *options.progress : std::cout;
+// The validation data of the config, in order (DataError, exit 3, when there is none or it
+// cannot be read).
+std::unique_ptr<data::EvalLoader> open_validation(const trainer::WorkerConfig& config,
+                                                  std::string& description) {
   const auto& t = config.training;
-  const model::GPT2Config model_config = trainer::model_config_for(config);
   auto val_set = trainer::open_val_dataset(config);
   if (!val_set) {
     throw trainer::DataError(
@@ -76,78 +74,129 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& options) {
         (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
             ": the evaluator needs validation data; set data.val");
   }
+  description = val_set->description();
   data::LoaderOptions loader_options{.batch_size = t.batch_size,
                                      .seq_len = t.seq_len,
                                      .seed = t.seed,
                                      .shuffle = false,
                                      .rank = 0,
                                      .world_size = 1};
-  std::unique_ptr<data::EvalLoader> val;
   try {
-    val = std::make_unique<data::EvalLoader>(val_set, loader_options, config.eval.batches);
+    return std::make_unique<data::EvalLoader>(val_set, loader_options, config.eval.batches);
   } catch (const Error& e) {
     throw trainer::DataError(e.code(), e.what());
   }
-  auto model = model::make_cpu_gpt2(model_config, static_cast<int>(t.batch_size),
-                                    static_cast<int>(t.seq_len));
+}
 
-  const fs::path eval_dir = options.logdir / "eval";
-  std::set<int64_t> done = evaluated_steps(eval_dir);
-  std::unique_ptr<supervisor::EventsWriter> events;  // opened at the first evaluation
-  EvaluatorResult result;
-  LH_LOG(INFO) << "evaluator following the logdir" << kv("logdir", options.logdir.string())
-               << kv("already_evaluated", done.size()) << kv("val", val_set->description());
+// Evaluates checkpoints one at a time with one model, recording each val_loss in the
+// evaluator's own events files and in `result`.
+class CheckpointEvaluator {
+ public:
+  CheckpointEvaluator(const EvaluatorOptions& options, EvaluatorResult& result)
+      : config_(options.config),
+        out_(options.progress ? *options.progress : std::cout),
+        model_(model::make_cpu_gpt2(trainer::model_config_for(config_),
+                                    static_cast<int>(config_.training.batch_size),
+                                    static_cast<int>(config_.training.seq_len))),
+        val_(open_validation(config_, val_description_)),
+        eval_dir_(options.logdir / "eval"),
+        done_(evaluated_steps(eval_dir_)),
+        result_(result) {
+    LH_LOG(INFO) << "evaluator following the logdir" << kv("logdir", options.logdir.string())
+                 << kv("already_evaluated", done_.size()) << kv("val", val_description_);
+  }
 
-  auto evaluate = [&](int64_t step, const fs::path& path) {
-    std::unique_ptr<supervisor::SafetensorsReader> reader;
+  // Closes the events file, if an evaluation opened one.
+  void close() {
+    if (events_) events_->close();
+  }
+
+  bool done(int64_t step) const { return done_.count(step) > 0; }
+
+  // Loads the checkpoint and records its validation loss. A checkpoint removed by retention is
+  // skipped (it may come back under the same step: not marked done), a corrupt one skipped for
+  // good; one of another model shape is a CheckpointError, a bad validation batch a DataError.
+  void evaluate(int64_t step, const fs::path& path) {
+    if (!load(step, path)) return;
+    const auto& t = config_.training;
+    const double loss = trainer::validation_loss(*model_, *val_, static_cast<int>(t.batch_size),
+                                                 static_cast<int>(t.seq_len))
+                            .mean_loss;
+    if (!events_) events_ = std::make_unique<supervisor::EventsWriter>(eval_dir_);
+    events_->add_scalar(kValLossTag, loss, step);
+    events_->flush();
+    done_.insert(step);
+    result_.evaluated.emplace_back(step, loss);
+    char line[160];
+    std::snprintf(line, sizeof line, "evaluator | step %" PRId64 " | val_loss %.4f | %s\n", step,
+                  loss, path.filename().string().c_str());
+    out_ << line << std::flush;
+  }
+
+ private:
+  // The checkpoint's weights into the model; false when it is gone or corrupt.
+  bool load(int64_t step, const fs::path& path) {
     try {
-      reader = std::make_unique<supervisor::SafetensorsReader>(
+      supervisor::SafetensorsReader reader(
           path, supervisor::SafetensorsReader::Options{.require_checksums = true});
-      auto tensors = trainer::pretrained_reader(*reader);
+      auto tensors = trainer::pretrained_reader(reader);
       model::PretrainedLoadOptions load;
       load.require_all = true;
-      model->load_pretrained(*tensors, load);
+      model_->load_pretrained(*tensors, load);
+      return true;
     } catch (const NotFound&) {
       LH_LOG(WARNING) << "checkpoint vanished before it was evaluated (retention?)"
                       << kv("file", path.string());
-      return;
+      return false;
     } catch (const DataLoss& e) {
       LH_LOG(WARNING) << "skipping a corrupt checkpoint" << kv("file", path.string())
                       << kv("error", e.what());
-      done.insert(step);
-      return;
+      done_.insert(step);
+      return false;
     } catch (const Error& e) {
       throw trainer::CheckpointError(e.code(),
                                      "evaluator cannot load " + path.string() + ": " + e.what());
     }
-    const double loss = trainer::validation_loss(*model, *val, static_cast<int>(t.batch_size),
-                                                 static_cast<int>(t.seq_len))
-                            .mean_loss;
-    if (!events) {
-      events = std::make_unique<supervisor::EventsWriter>(eval_dir);
-    }
-    events->add_scalar(kValLossTag, loss, step);
-    events->flush();
-    done.insert(step);
-    result.evaluated.emplace_back(step, loss);
-    char line[160];
-    std::snprintf(line, sizeof line, "evaluator | step %" PRId64 " | val_loss %.4f | %s\n", step,
-                  loss, path.filename().string().c_str());
-    out << line << std::flush;
-  };
+  }
 
+  const trainer::WorkerConfig& config_;
+  std::ostream& out_;
+  std::unique_ptr<model::LanguageModel> model_;
+  std::string val_description_;
+  std::unique_ptr<data::EvalLoader> val_;
+  const fs::path eval_dir_;
+  std::set<int64_t> done_;
+  std::unique_ptr<supervisor::EventsWriter> events_;  // opened at the first evaluation
+  EvaluatorResult& result_;
+};
+
+// Waits up to poll_secs, or until should_stop says so.
+void wait_for_next_poll(const EvaluatorOptions& options) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(options.poll_secs * 1000));
+  while (std::chrono::steady_clock::now() < until) {
+    if (options.should_stop && options.should_stop()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+EvaluatorResult run_evaluator(const EvaluatorOptions& options) {
+  EvaluatorResult result;
+  CheckpointEvaluator evaluator(options, result);
   while (true) {
     if (options.should_stop && options.should_stop()) break;
     for (const auto& [step, path] : committed_checkpoints(options.logdir)) {
-      if (done.count(step)) continue;
+      if (evaluator.done(step)) continue;
       if (options.should_stop && options.should_stop()) break;
-      evaluate(step, path);
+      evaluator.evaluate(step, path);
     }
     if (auto final_step = read_training_done(options.logdir)) {
-      if (done.count(*final_step) ||
+      if (evaluator.done(*final_step) ||
           committed_checkpoints(options.logdir).count(*final_step) == 0) {
         // Evaluated, or the final checkpoint is gone (nothing more will come).
-        if (!done.count(*final_step)) {
+        if (!evaluator.done(*final_step)) {
           LH_LOG(WARNING) << "the final checkpoint named by training.done is missing"
                           << kv("step", *final_step);
         }
@@ -156,14 +205,9 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& options) {
       }
       continue;  // the final checkpoint appeared after the listing: evaluate it now
     }
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(options.poll_secs * 1000));
-    while (std::chrono::steady_clock::now() < until) {
-      if (options.should_stop && options.should_stop()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    wait_for_next_poll(options);
   }
-  if (events) events->close();
+  evaluator.close();
   LH_LOG(INFO) << "evaluator finished" << kv("evaluated", result.evaluated.size())
                << kv("training_done", result.training_done);
   return result;
