@@ -177,11 +177,371 @@ std::shared_ptr<const data::TokenDataset> open_val_dataset(const WorkerConfig& c
   });
 }
 
+namespace {
+
+// The data a run reads: the training loader over train_set and, when evaluation is on and there
+// is validation data, the validation loader (DataError, exit 3, on any problem).
+struct RunData {
+  std::shared_ptr<const data::TokenDataset> train_set;
+  std::unique_ptr<data::DataLoader> train;
+  std::unique_ptr<data::EvalLoader> val;
+};
+
+RunData open_run_data(const WorkerConfig& config, const RunOptions& options) {
+  const auto& t = config.training;
+  data::LoaderOptions loader_options{.batch_size = t.batch_size,
+                                     .seq_len = t.seq_len,
+                                     .seed = t.seed,
+                                     .shuffle = config.data.shuffle,
+                                     .rank = options.rank,
+                                     .world_size = options.world_size};
+  RunData d;
+  d.train_set = open_train_dataset(config);
+  d.train = as_data_error(
+      [&] { return std::make_unique<data::DataLoader>(d.train_set, loader_options); });
+  if (config.eval.every_steps > 0) {
+    if (auto val_set = open_val_dataset(config)) {
+      d.val = as_data_error([&] {
+        return std::make_unique<data::EvalLoader>(val_set, loader_options, config.eval.batches);
+      });
+    } else {
+      LH_LOG(WARNING) << "eval.every_steps is set but there is no validation data (data.val); "
+                         "evaluation is off";
+    }
+  }
+  return d;
+}
+
+// The model on the device the config asks for, with the plan that chose it. A device that cannot
+// run it (cuda without a usable GPU, activations that do not fit, ...) is a config error.
+ModelOnDevice make_run_model(const WorkerConfig& config, const model::GPT2Config& model_config,
+                             int world_size) {
+  try {
+    return make_model_on_device(config, model_config, world_size);
+  } catch (const Error& e) {
+    throw InvalidArgument(
+        (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
+        ": device " + config.device + ": " + e.what());
+  }
+}
+
+// A step that reads more tokens than the training data holds repeats data inside one step.
+void warn_if_a_step_repeats_data(const Trainer& trainer, const data::TokenDataset& train_set,
+                                 int world_size) {
+  const uint64_t step_tokens =
+      static_cast<uint64_t>(trainer.tokens_per_step()) * static_cast<uint64_t>(world_size);
+  if (step_tokens > train_set.total_tokens()) {
+    LH_LOG(WARNING) << "one optimizer step reads more tokens than the training data holds: "
+                       "every step repeats data; lower training.total_batch_tokens or add data"
+                    << kv("training.total_batch_tokens", step_tokens)
+                    << kv("data_tokens", train_set.total_tokens());
+  }
+}
+
+// The data's tokenizer: recorded in checkpoints (gpt2 files copied into the logdir by the chief)
+// so that `sample` and `export` decode. Returns the tokenizer the chief samples text with at each
+// evaluation (null: no samples).
+std::unique_ptr<tokenizer::Tokenizer> set_up_tokenizer(Trainer& trainer,
+                                                       const model::GPT2Config& model_config,
+                                                       const RunOptions& options,
+                                                       bool chief_at_start) {
+  const WorkerConfig& config = options.config;
+  const TokenizerSpec spec = data_tokenizer(config, model_config);
+  if (spec.kind.empty()) return nullptr;
+  trainer.set_checkpoint_metadata("tokenizer", spec.kind);
+  if (chief_at_start) save_tokenizer_files(spec, options.logdir);
+  // Samples are the chief's; with recovery in place any replica may become the chief.
+  if (!(chief_at_start || options.regroup) || config.eval.sample_tokens <= 0) return nullptr;
+  return as_data_error(
+      [&] { return tokenizer::make_tokenizer(spec.kind, spec.vocab, spec.merges); });
+}
+
+// The supervisor's settings from the config (init_fn, which needs the trainer, is the caller's).
+supervisor::SupervisorOptions supervisor_options(const RunOptions& options, bool chief_at_start) {
+  const WorkerConfig& config = options.config;
+  supervisor::SupervisorOptions so;
+  so.logdir = options.logdir;
+  so.is_chief = chief_at_start;
+  so.save_model_secs = config.checkpoint.save_model_secs;
+  so.save_summaries_secs = config.summaries.save_summaries_secs;
+  so.recovery_wait_secs = config.supervisor.recovery_wait_secs;
+  so.max_wait_secs = config.supervisor.max_wait_secs;
+  so.stop_grace_secs = std::min(config.supervisor.stop_grace_secs, config.grace_period_secs);
+  so.max_to_keep = config.checkpoint.max_to_keep;
+  so.keep_checkpoint_every_n_hours = config.checkpoint.keep_checkpoint_every_n_hours;
+  so.summaries_enabled = config.summaries.every_steps > 0;
+  so.checkpoint_listeners = options.checkpoint_listeners;
+  so.state_from_peers = options.receive_state;
+  return so;
+}
+
+// Attaches the signal handler to the supervisor for as long as it lives: detached before the
+// supervisor is destroyed, on every path.
+class SignalAttachment {
+ public:
+  SignalAttachment(supervisor::SignalHandler* signals, supervisor::Supervisor& sv)
+      : signals_(signals) {
+    if (signals_ != nullptr) signals_->attach(sv);
+  }
+  ~SignalAttachment() {
+    if (signals_ != nullptr) signals_->detach();
+  }
+  SignalAttachment(const SignalAttachment&) = delete;
+  SignalAttachment& operator=(const SignalAttachment&) = delete;
+
+ private:
+  supervisor::SignalHandler* signals_;
+};
+
+// Between micro-batches: abandon the step when a stop was requested and its rest would not fit
+// in half of what is left of the grace period (the other half is for the final checkpoint); a
+// stop with an error (a failed service) abandons it at once.
+void set_stop_check(Trainer& trainer, supervisor::Supervisor& sv,
+                    supervisor::SignalHandler* signals, double grace) {
+  trainer.set_stop_check([&sv, signals, grace](double seconds_left_in_step) {
+    if (!sv.should_stop()) return false;
+    if (signals == nullptr || !signals->stop_requested()) return true;
+    const double budget = 0.5 * grace - signals->seconds_since_signal();
+    return seconds_left_in_step > budget;
+  });
+}
+
+// One managed session of the supervisor: the start line, the step loop (progress lines,
+// summaries, evaluations, checkpoints by step count), recovery in place after a lost peer, and
+// the final evaluation.
+class TrainingSession {
+ public:
+  TrainingSession(const RunOptions& options, Trainer& trainer, supervisor::Supervisor& sv,
+                  const selfcheck::DevicePlan& plan, const std::string& numerics,
+                  tokenizer::Tokenizer* sample_tokenizer, bool pretrained, RunResult& result)
+      : options_(options),
+        config_(options.config),
+        t_(options.config.training),
+        out_(options.progress ? *options.progress : std::cout),
+        trainer_(trainer),
+        sv_(sv),
+        plan_(plan),
+        numerics_(numerics),
+        sample_tokenizer_(sample_tokenizer),
+        pretrained_(pretrained),
+        from_peers_(static_cast<bool>(options.receive_state)),
+        result_(result) {}
+
+  void run() {
+    if (options_.sync_state && !from_peers_) options_.sync_state(trainer_);
+    start_step_ = trainer_.global_step();
+    result_.restored_step = sv_.restored_step();
+    announce_start();
+    while (true) {
+      StepStats s;
+      try {
+        if (stopping() || trainer_.global_step() >= t_.max_steps) break;
+        s = trainer_.train_step();
+      } catch (const Aborted& lost) {
+        if (!options_.regroup) throw;
+        if (recovered_from(lost)) continue;
+        break;
+      }
+      record(s);
+    }
+    if (config_.eval.every_steps > 0 && trainer_.global_step() >= t_.max_steps &&
+        last_eval_step_ != trainer_.global_step() && !sv_.should_stop()) {
+      evaluate(trainer_.global_step());
+    }
+  }
+
+ private:
+  bool stopping() {
+    return options_.agree_stop ? options_.agree_stop(sv_.should_stop()) : sv_.should_stop();
+  }
+
+  // The numerical-environment warning, on_session_start, the start line, and what this run
+  // trains on and why as the events file's first summary (TensorBoard: Text).
+  void announce_start() {
+    if (sv_.restored_step() && !trainer_.restored_numerics().empty() &&
+        trainer_.restored_numerics() != numerics_) {
+      LH_LOG(WARNING) << "resuming in another numerical environment than the checkpoint was "
+                         "written in: the continuation is numerically equivalent, not "
+                         "bit-identical to an uninterrupted run"
+                      << kv("checkpoint", trainer_.restored_numerics()) << kv("now", numerics_);
+    }
+    if (options_.on_session_start) {
+      options_.on_session_start(start_step_, sv_.restored_step().has_value());
+    }
+    const auto& mc = trainer_.model().config();
+    std::ostringstream head;
+    head << "longhaul-worker: " << (sv_.restored_step() || from_peers_ ? "resuming" : "starting")
+         << " at step " << start_step_ << "/" << t_.max_steps
+         << (from_peers_ ? " (state from the running replicas, no checkpoint read)" : "")
+         << " | model " << config_.model.preset << " (" << mc.to_string() << ", "
+         << trainer_.model().num_parameters() << " params) on " << trainer_.model().device_name()
+         << " | data " << (config_.data.train.empty() ? "<embedded corpus>" : config_.data.train)
+         << " | " << trainer_.tokens_per_step() << " tokens/step (" << trainer_.accumulation_steps()
+         << " micro-batches of " << t_.batch_size << "x" << t_.seq_len << ")"
+         << (pretrained_ ? " | initialised from " + config_.checkpoint.init_from : "")
+         << " | logdir " << options_.logdir.string() << "\n";
+    out_ << head.str() << std::flush;
+    sv_.summary_computed(text_summary("device", plan_.details()), start_step_);
+  }
+
+  // The validation loss at `step` (and, on the chief, a text sample).
+  void evaluate(int64_t step) {
+    if (auto val = trainer_.evaluate()) {
+      result_.last_val_loss = val;
+      sv_.add_scalar("val_loss", *val, step);
+      char line[128];
+      std::snprintf(line, sizeof line, "step %6" PRId64 "/%" PRId64 " | val_loss %.4f\n", step,
+                    t_.max_steps, *val);
+      out_ << line << std::flush;
+    }
+    if (sample_tokenizer_ != nullptr && sv_.is_chief()) sample(step);
+    last_eval_step_ = step;
+  }
+
+  void sample(int64_t step) {
+    auto& model = trainer_.model();
+    std::vector<float> params(static_cast<size_t>(model.num_parameters()));
+    model.download(model.parameters_flat(), params);
+    GenerateOptions go;
+    go.prompt = config_.eval.sample_prompt;
+    go.max_new_tokens = static_cast<int>(config_.eval.sample_tokens);
+    go.sampling.seed = t_.seed + static_cast<uint64_t>(step);  // the same after a resume
+    const Generated g = generate_text(model.config(), params, *sample_tokenizer_, go);
+    const std::string text = go.prompt + g.text;
+    sv_.add_text("samples", markdown_code_block(printable(text, false)), step);
+    out_ << "step " << std::setw(6) << step << "/" << t_.max_steps
+         << " | sample: " << printable(text, true) << "\n"
+         << std::flush;
+  }
+
+  // Recovery in place after a failed collective (see RunOptions::regroup). Bounded: a group
+  // that cannot be re-formed within the regroup callback's own timeout gives up.
+  enum class Recovery { kRegrouped, kGaveUp, kStopped };
+  Recovery recover(const Aborted& lost) {
+    LH_LOG(WARNING) << "a peer was lost; recovering in place" << kv("step", trainer_.global_step())
+                    << kv("error", lost.what());
+    // Losses during the regroup start another one, but none starts after the regroup timeout
+    // (a replacement that crashes at every start must not keep the survivors forever).
+    const auto give_up = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(
+                             static_cast<int64_t>(config_.supervisor.regroup_timeout_secs * 1000));
+    while (true) {
+      if (std::chrono::steady_clock::now() >= give_up) {
+        LH_LOG(ERROR) << "peers kept being lost while regrouping for longer than "
+                         "supervisor.regroup_timeout_secs; giving up";
+        return Recovery::kGaveUp;
+      }
+      try {
+        return options_.regroup(trainer_) ? Recovery::kRegrouped : Recovery::kGaveUp;
+      } catch (const Aborted& again) {
+        LH_LOG(WARNING) << "a peer was lost again while regrouping" << kv("error", again.what());
+      } catch (const Cancelled& e) {
+        LH_LOG(INFO) << "stop requested while regrouping" << kv("reason", e.what());
+        return Recovery::kStopped;
+      }
+    }
+  }
+
+  // True when training goes on after the loss; false when the session ends (stop requested).
+  bool recovered_from(const Aborted& lost) {
+    const Recovery r = recover(lost);
+    if (r == Recovery::kRegrouped) {
+      ++result_.regroups;
+      // The chief was the one lost and this replica is the lowest surviving rank: it takes
+      // over the chief's writes before the next step. The lost chief's writer lock went with
+      // its process; one still alive (a partition) keeps it, and promote_to_chief gives up
+      // after the wait (Aborted: exit 138, the group restarts).
+      if (options_.chief_role && options_.chief_role() && !sv_.is_chief()) {
+        sv_.promote_to_chief(trainer_, std::chrono::milliseconds(static_cast<int64_t>(
+                                           config_.supervisor.regroup_timeout_secs * 1000)));
+      }
+      return true;
+    }
+    result_.regroup_failed = r == Recovery::kGaveUp;
+    // The last completed step is committed as the session's final checkpoint (chief). A
+    // worker commits it when the chief is the one lost (nobody holds the writer lock).
+    if (result_.regroup_failed && !sv_.is_chief()) {
+      try {
+        sv_.commit_checkpoint_as_successor(trainer_);
+      } catch (const Error& e) {  // still exit 138: the latest checkpoint stays as it was
+        LH_LOG(ERROR) << "could not commit a checkpoint in place of the lost chief"
+                      << kv("error", e.what());
+      }
+    }
+    sv_.request_stop();
+    return false;
+  }
+
+  // After a step: the result, the progress line, the summaries, an evaluation and a checkpoint
+  // when their step counts come, and the step boundary.
+  void record(const StepStats& s) {
+    result_.skipped_steps = s.skipped_total;
+    if (s.skipped) {
+      // Logged at the step's index like the training scalars; counted in metrics by on_step.
+      sv_.add_scalar("skipped_steps", static_cast<double>(s.skipped_total), s.step - 1);
+      char line[320];
+      std::snprintf(line, sizeof line,
+                    "step %6" PRId64 "/%" PRId64 " | SKIPPED (%s) | %" PRId64 " skipped so far\n",
+                    s.step, t_.max_steps, s.skip_reason.c_str(), s.skipped_total);
+      out_ << line << std::flush;
+    } else {
+      result_.last_loss = s.loss;
+    }
+    ema_step_seconds_ =
+        ema_step_seconds_ == 0 ? s.seconds : 0.9 * ema_step_seconds_ + 0.1 * s.seconds;
+    if (options_.on_step) options_.on_step(s);
+    const double tokens_per_sec = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
+    if (!s.skipped && (s.step % config_.log.every_steps == 0 || s.step == t_.max_steps ||
+                       s.step == start_step_ + 1)) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "step %6" PRId64 "/%" PRId64
+                    " | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | eta %s\n",
+                    s.step, t_.max_steps, s.loss, s.learning_rate, s.grad_norm, tokens_per_sec,
+                    hms(ema_step_seconds_ * static_cast<double>(t_.max_steps - s.step)).c_str());
+      out_ << line << std::flush;
+    }
+    // Training scalars carry the step's 0-based index (the global step before it ran), as in
+    // TensorFlow: a restart's SessionLog START at the restored step s makes TensorBoard purge
+    // events at steps >= s from the earlier run, so the last step before a checkpoint at s
+    // must be logged at s - 1 to survive.
+    const int64_t index = s.step - 1;
+    const int64_t summary_every = config_.summaries.every_steps;
+    if (summary_every > 0 && index % summary_every == 0 && !s.skipped) {
+      sv_.add_scalar("loss", s.loss, index);
+      sv_.add_scalar("learning_rate", s.learning_rate, index);
+      sv_.add_scalar("grad_norm", s.grad_norm, index);
+      sv_.add_scalar("tokens_per_sec", tokens_per_sec, index);
+    }
+    if (config_.eval.every_steps > 0 && s.step % config_.eval.every_steps == 0) evaluate(s.step);
+    if (config_.checkpoint.save_model_steps > 0 &&
+        s.step % config_.checkpoint.save_model_steps == 0) {
+      sv_.request_checkpoint();
+    }
+    sv_.step_boundary(s.step);
+  }
+
+  const RunOptions& options_;
+  const WorkerConfig& config_;
+  const TrainingConfigSection& t_;
+  std::ostream& out_;
+  Trainer& trainer_;
+  supervisor::Supervisor& sv_;
+  const selfcheck::DevicePlan& plan_;
+  const std::string& numerics_;
+  tokenizer::Tokenizer* sample_tokenizer_;
+  const bool pretrained_;
+  const bool from_peers_;
+  RunResult& result_;
+  int64_t start_step_ = 0;
+  double ema_step_seconds_ = 0;
+  int64_t last_eval_step_ = -1;
+};
+
+}  // namespace
+
 RunResult run_training(const RunOptions& options) {
   const WorkerConfig& config = options.config;
-  const auto& t = config.training;
-  std::ostream& out = options.progress ? *options.progress : std::cout;
-
   // Signals: the caller's handler (installed before start-up, attached to the supervisor below),
   // else our own when asked. The grace period runs from the signal, whatever runs then.
   std::optional<supervisor::SignalHandler> own_signals;
@@ -199,77 +559,23 @@ RunResult run_training(const RunOptions& options) {
     return true;
   };
 
-  // 1. Model shape and device (config errors).
+  // 1. Model shape and device (config errors). 2. Data (exit 3 on any problem).
   const model::GPT2Config model_config = model_config_for(config);
-
-  // 2. Data (exit 3 on any problem).
-  data::LoaderOptions loader_options{.batch_size = t.batch_size,
-                                     .seq_len = t.seq_len,
-                                     .seed = t.seed,
-                                     .shuffle = config.data.shuffle,
-                                     .rank = options.rank,
-                                     .world_size = options.world_size};
-  auto train_set = open_train_dataset(config);
-  auto train_loader =
-      as_data_error([&] { return std::make_unique<data::DataLoader>(train_set, loader_options); });
-  std::unique_ptr<data::EvalLoader> val_loader;
-  if (config.eval.every_steps > 0) {
-    if (auto val_set = open_val_dataset(config)) {
-      val_loader = as_data_error([&] {
-        return std::make_unique<data::EvalLoader>(val_set, loader_options, config.eval.batches);
-      });
-    } else {
-      LH_LOG(WARNING) << "eval.every_steps is set but there is no validation data (data.val); "
-                         "evaluation is off";
-    }
-  }
-
+  RunData data = open_run_data(config, options);
   if (stopped_during_start_up("opening the data")) return result;
 
   // 3. Model and trainer.
-  std::unique_ptr<model::LanguageModel> model;
-  selfcheck::DevicePlan plan;
-  try {
-    ModelOnDevice made = make_model_on_device(config, model_config, options.world_size);
-    model = std::move(made.model);
-    plan = std::move(made.plan);
-  } catch (const Error& e) {  // device: cuda without a usable GPU, activations do not fit, ...
-    throw InvalidArgument(
-        (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
-        ": device " + config.device + ": " + e.what());
-  }
-  if (options.on_model) options.on_model(*model);
-  if (options.on_device_plan) options.on_device_plan(plan);
-  Trainer trainer(config, std::move(model), std::move(train_loader), std::move(val_loader),
+  ModelOnDevice made = make_run_model(config, model_config, options.world_size);
+  if (options.on_model) options.on_model(*made.model);
+  if (options.on_device_plan) options.on_device_plan(made.plan);
+  const selfcheck::DevicePlan plan = std::move(made.plan);
+  Trainer trainer(config, std::move(made.model), std::move(data.train), std::move(data.val),
                   options.world_size);
   if (options.reduce_gradients) trainer.set_gradient_hook(options.reduce_gradients);
-  // A step that reads more tokens than the training data holds repeats data inside one step.
-  if (const uint64_t step_tokens = static_cast<uint64_t>(trainer.tokens_per_step()) *
-                                   static_cast<uint64_t>(options.world_size);
-      step_tokens > train_set->total_tokens()) {
-    LH_LOG(WARNING) << "one optimizer step reads more tokens than the training data holds: "
-                       "every step repeats data; lower training.total_batch_tokens or add data"
-                    << kv("training.total_batch_tokens", step_tokens)
-                    << kv("data_tokens", train_set->total_tokens());
-  }
-  // The data's tokenizer: recorded in checkpoints (gpt2 files copied into the logdir by the
-  // chief) so that `sample` and `export` decode; the chief samples text at each evaluation.
-  const TokenizerSpec tokenizer_spec = data_tokenizer(config, model_config);
-  std::unique_ptr<tokenizer::Tokenizer> sample_tokenizer;
+  warn_if_a_step_repeats_data(trainer, *data.train_set, options.world_size);
   const bool chief_at_start = options.chief_role ? options.chief_role() : options.rank == 0;
-  if (!tokenizer_spec.kind.empty()) {
-    trainer.set_checkpoint_metadata("tokenizer", tokenizer_spec.kind);
-    if (chief_at_start) save_tokenizer_files(tokenizer_spec, options.logdir);
-    // Samples are the chief's; with recovery in place any replica may become the chief.
-    if (chief_at_start || options.regroup) {
-      if (config.eval.sample_tokens > 0) {
-        sample_tokenizer = as_data_error([&] {
-          return tokenizer::make_tokenizer(tokenizer_spec.kind, tokenizer_spec.vocab,
-                                           tokenizer_spec.merges);
-        });
-      }
-    }
-  }
+  const std::unique_ptr<tokenizer::Tokenizer> sample_tokenizer =
+      set_up_tokenizer(trainer, model_config, options, chief_at_start);
   if (options.start_reducing_gradients) {
     trainer.set_last_backward_hook(options.start_reducing_gradients);
   }
@@ -281,20 +587,7 @@ RunResult run_training(const RunOptions& options) {
   if (options.average_loss) trainer.set_loss_reducer(options.average_loss);
 
   // 4. Supervisor.
-  supervisor::SupervisorOptions so;
-  so.logdir = options.logdir;
-  so.is_chief = chief_at_start;
-  so.save_model_secs = config.checkpoint.save_model_secs;
-  so.save_summaries_secs = config.summaries.save_summaries_secs;
-  so.recovery_wait_secs = config.supervisor.recovery_wait_secs;
-  so.max_wait_secs = config.supervisor.max_wait_secs;
-  so.stop_grace_secs = std::min(config.supervisor.stop_grace_secs, config.grace_period_secs);
-  so.max_to_keep = config.checkpoint.max_to_keep;
-  so.keep_checkpoint_every_n_hours = config.checkpoint.keep_checkpoint_every_n_hours;
-  so.summaries_enabled = config.summaries.every_steps > 0;
-  so.checkpoint_listeners = options.checkpoint_listeners;
-  so.state_from_peers = options.receive_state;
-  const bool from_peers = static_cast<bool>(options.receive_state);
+  supervisor::SupervisorOptions so = supervisor_options(options, chief_at_start);
   bool pretrained = false;
   if (!config.checkpoint.init_from.empty()) {
     so.init_fn = [&](supervisor::TrainingState&) {
@@ -312,199 +605,12 @@ RunResult run_training(const RunOptions& options) {
   }
   if (stopped_during_start_up("creating the model")) return result;
   supervisor::Supervisor sv(so);
-  struct Attachment {  // detached before `sv` is destroyed, on every path
-    supervisor::SignalHandler* signals;
-    Attachment(supervisor::SignalHandler* s, supervisor::Supervisor& sv) : signals(s) {
-      if (signals != nullptr) signals->attach(sv);
-    }
-    ~Attachment() {
-      if (signals != nullptr) signals->detach();
-    }
-  } attachment(signals, sv);
-  // Between micro-batches: abandon the step when a stop was requested and its rest would not
-  // fit in half of what is left of the grace period (the other half is for the final
-  // checkpoint); a stop with an error (a failed service) abandons it at once.
-  trainer.set_stop_check([&](double seconds_left_in_step) {
-    if (!sv.should_stop()) return false;
-    if (signals == nullptr || !signals->stop_requested()) return true;
-    const double grace = config.grace_period_secs;
-    const double budget = 0.5 * grace - signals->seconds_since_signal();
-    return seconds_left_in_step > budget;
-  });
-  const int64_t log_every = config.log.every_steps;
-  const int64_t summary_every = config.summaries.every_steps;
-  const int64_t eval_every = config.eval.every_steps;
-  sv.managed_session(trainer, [&](supervisor::Supervisor& sv) {
-    if (options.sync_state && !from_peers) options.sync_state(trainer);
-    const int64_t start_step = trainer.global_step();
-    result.restored_step = sv.restored_step();
-    if (sv.restored_step() && !trainer.restored_numerics().empty() &&
-        trainer.restored_numerics() != numerics) {
-      LH_LOG(WARNING) << "resuming in another numerical environment than the checkpoint was "
-                         "written in: the continuation is numerically equivalent, not "
-                         "bit-identical to an uninterrupted run"
-                      << kv("checkpoint", trainer.restored_numerics()) << kv("now", numerics);
-    }
-    if (options.on_session_start)
-      options.on_session_start(start_step, sv.restored_step().has_value());
-    {
-      const auto& mc = trainer.model().config();
-      std::ostringstream head;
-      head << "longhaul-worker: " << (sv.restored_step() || from_peers ? "resuming" : "starting")
-           << " at step " << start_step << "/" << t.max_steps
-           << (from_peers ? " (state from the running replicas, no checkpoint read)" : "")
-           << " | model " << config.model.preset << " (" << mc.to_string() << ", "
-           << trainer.model().num_parameters() << " params) on " << trainer.model().device_name()
-           << " | data " << (config.data.train.empty() ? "<embedded corpus>" : config.data.train)
-           << " | " << trainer.tokens_per_step() << " tokens/step (" << trainer.accumulation_steps()
-           << " micro-batches of " << t.batch_size << "x" << t.seq_len << ")"
-           << (pretrained ? " | initialised from " + config.checkpoint.init_from : "")
-           << " | logdir " << options.logdir.string() << "\n";
-      out << head.str() << std::flush;
-    }
-    // What this run trains on and why, as the events file's first summary (TensorBoard: Text).
-    sv.summary_computed(text_summary("device", plan.details()), start_step);
-    double ema_step_seconds = 0;
-    int64_t last_eval_step = -1;
-    auto run_eval = [&](int64_t step) {
-      if (auto val = trainer.evaluate()) {
-        result.last_val_loss = val;
-        sv.add_scalar("val_loss", *val, step);
-        char line[128];
-        std::snprintf(line, sizeof line, "step %6" PRId64 "/%" PRId64 " | val_loss %.4f\n", step,
-                      t.max_steps, *val);
-        out << line << std::flush;
-      }
-      if (sample_tokenizer && sv.is_chief()) {
-        auto& model = trainer.model();
-        const auto& mc = model.config();
-        std::vector<float> params(static_cast<size_t>(model.num_parameters()));
-        model.download(model.parameters_flat(), params);
-        GenerateOptions go;
-        go.prompt = config.eval.sample_prompt;
-        go.max_new_tokens = static_cast<int>(config.eval.sample_tokens);
-        go.sampling.seed = t.seed + static_cast<uint64_t>(step);  // the same after a resume
-        const Generated g = generate_text(mc, params, *sample_tokenizer, go);
-        const std::string text = go.prompt + g.text;
-        sv.add_text("samples", markdown_code_block(printable(text, false)), step);
-        out << "step " << std::setw(6) << step << "/" << t.max_steps
-            << " | sample: " << printable(text, true) << "\n"
-            << std::flush;
-      }
-      last_eval_step = step;
-    };
-    auto stopping = [&] {
-      return options.agree_stop ? options.agree_stop(sv.should_stop()) : sv.should_stop();
-    };
-    // Recovery in place after a failed collective (see RunOptions::regroup). Bounded: a group
-    // that cannot be re-formed within the regroup callback's own timeout gives up.
-    enum class Recovery { kRegrouped, kGaveUp, kStopped };
-    auto recover = [&](const Aborted& lost) {
-      LH_LOG(WARNING) << "a peer was lost; recovering in place" << kv("step", trainer.global_step())
-                      << kv("error", lost.what());
-      // Losses during the regroup start another one, but none starts after the regroup timeout
-      // (a replacement that crashes at every start must not keep the survivors forever).
-      const auto give_up = std::chrono::steady_clock::now() +
-                           std::chrono::milliseconds(
-                               static_cast<int64_t>(config.supervisor.regroup_timeout_secs * 1000));
-      while (true) {
-        if (std::chrono::steady_clock::now() >= give_up) {
-          LH_LOG(ERROR) << "peers kept being lost while regrouping for longer than "
-                           "supervisor.regroup_timeout_secs; giving up";
-          return Recovery::kGaveUp;
-        }
-        try {
-          return options.regroup(trainer) ? Recovery::kRegrouped : Recovery::kGaveUp;
-        } catch (const Aborted& again) {
-          LH_LOG(WARNING) << "a peer was lost again while regrouping" << kv("error", again.what());
-        } catch (const Cancelled& e) {
-          LH_LOG(INFO) << "stop requested while regrouping" << kv("reason", e.what());
-          return Recovery::kStopped;
-        }
-      }
-    };
-    while (true) {
-      StepStats s;
-      try {
-        if (stopping() || trainer.global_step() >= t.max_steps) break;
-        s = trainer.train_step();
-      } catch (const Aborted& lost) {
-        if (!options.regroup) throw;
-        const Recovery r = recover(lost);
-        if (r == Recovery::kRegrouped) {
-          ++result.regroups;
-          // The chief was the one lost and this replica is the lowest surviving rank: it takes
-          // over the chief's writes before the next step. The lost chief's writer lock went with
-          // its process; one still alive (a partition) keeps it, and promote_to_chief gives up
-          // after the wait (Aborted: exit 138, the group restarts).
-          if (options.chief_role && options.chief_role() && !sv.is_chief()) {
-            sv.promote_to_chief(trainer, std::chrono::milliseconds(static_cast<int64_t>(
-                                             config.supervisor.regroup_timeout_secs * 1000)));
-          }
-          continue;
-        }
-        result.regroup_failed = r == Recovery::kGaveUp;
-        // The last completed step is committed as the session's final checkpoint (chief). A
-        // worker commits it when the chief is the one lost (nobody holds the writer lock).
-        if (result.regroup_failed && !sv.is_chief()) {
-          try {
-            sv.commit_checkpoint_as_successor(trainer);
-          } catch (const Error& e) {  // still exit 138: the latest checkpoint stays as it was
-            LH_LOG(ERROR) << "could not commit a checkpoint in place of the lost chief"
-                          << kv("error", e.what());
-          }
-        }
-        sv.request_stop();
-        break;
-      }
-      result.skipped_steps = s.skipped_total;
-      if (s.skipped) {
-        // Logged at the step's index like the training scalars; counted in metrics by on_step.
-        sv.add_scalar("skipped_steps", static_cast<double>(s.skipped_total), s.step - 1);
-        char line[320];
-        std::snprintf(line, sizeof line,
-                      "step %6" PRId64 "/%" PRId64 " | SKIPPED (%s) | %" PRId64 " skipped so far\n",
-                      s.step, t.max_steps, s.skip_reason.c_str(), s.skipped_total);
-        out << line << std::flush;
-      } else {
-        result.last_loss = s.loss;
-      }
-      ema_step_seconds =
-          ema_step_seconds == 0 ? s.seconds : 0.9 * ema_step_seconds + 0.1 * s.seconds;
-      if (options.on_step) options.on_step(s);
-      const double tokens_per_sec = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
-      if (!s.skipped &&
-          (s.step % log_every == 0 || s.step == t.max_steps || s.step == start_step + 1)) {
-        char line[256];
-        std::snprintf(line, sizeof line,
-                      "step %6" PRId64 "/%" PRId64
-                      " | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | eta %s\n",
-                      s.step, t.max_steps, s.loss, s.learning_rate, s.grad_norm, tokens_per_sec,
-                      hms(ema_step_seconds * static_cast<double>(t.max_steps - s.step)).c_str());
-        out << line << std::flush;
-      }
-      // Training scalars carry the step's 0-based index (the global step before it ran), as in
-      // TensorFlow: a restart's SessionLog START at the restored step s makes TensorBoard purge
-      // events at steps >= s from the earlier run, so the last step before a checkpoint at s
-      // must be logged at s - 1 to survive.
-      const int64_t index = s.step - 1;
-      if (summary_every > 0 && index % summary_every == 0 && !s.skipped) {
-        sv.add_scalar("loss", s.loss, index);
-        sv.add_scalar("learning_rate", s.learning_rate, index);
-        sv.add_scalar("grad_norm", s.grad_norm, index);
-        sv.add_scalar("tokens_per_sec", tokens_per_sec, index);
-      }
-      if (eval_every > 0 && s.step % eval_every == 0) run_eval(s.step);
-      if (config.checkpoint.save_model_steps > 0 &&
-          s.step % config.checkpoint.save_model_steps == 0) {
-        sv.request_checkpoint();
-      }
-      sv.step_boundary(s.step);
-    }
-    if (eval_every > 0 && trainer.global_step() >= t.max_steps &&
-        last_eval_step != trainer.global_step() && !sv.should_stop()) {
-      run_eval(trainer.global_step());
-    }
+  const SignalAttachment attachment(signals, sv);
+  set_stop_check(trainer, sv, signals, config.grace_period_secs);
+  sv.managed_session(trainer, [&](supervisor::Supervisor& session) {
+    TrainingSession(options, trainer, session, plan, numerics, sample_tokenizer.get(), pretrained,
+                    result)
+        .run();
   });
   result.final_step = trainer.global_step();
   result.signal = signals != nullptr ? signals->signal_received() : 0;
