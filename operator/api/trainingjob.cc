@@ -432,19 +432,36 @@ TrainingJobStatus parse_status(const json& status) {
     for (const auto& [k, v] : it->items()) {
       if (!v.is_object()) continue;
       s.replica_statuses[k] =
-          ReplicaStatus{lenient<int32_t>(v, "active", 0), lenient<int32_t>(v, "ready", 0),
-                        lenient<int32_t>(v, "succeeded", 0), lenient<int32_t>(v, "failed", 0)};
+          ReplicaStatus{lenient<int32_t>(v, "replicas", 0), lenient<int32_t>(v, "active", 0),
+                        lenient<int32_t>(v, "ready", 0), lenient<int32_t>(v, "succeeded", 0),
+                        lenient<int32_t>(v, "failed", 0)};
     }
   }
-  if (auto it = status.find("pods"); it != status.end() && it->is_object()) {
-    for (const auto& [k, v] : it->items()) {
+  // unsettledPods; status.pods is what operators before it wrote (a record for every pod).
+  auto read_pod_records = [&](const json& records) {
+    for (const auto& [k, v] : records.items()) {
       if (!v.is_object()) continue;
       const PodRecord record{lenient<int64_t>(v, "restartAttempt", 0),
                              lenient<bool>(v, "created", false),
                              lenient<int32_t>(v, "containerRestarts", 0)};
       for (const std::string& name : expand_pod_key(k)) s.pods[name] = record;
     }
+  };
+  if (auto it = status.find("unsettledPods"); it != status.end() && it->is_object()) {
+    read_pod_records(*it);
+  } else if (auto legacy = status.find("pods"); legacy != status.end() && legacy->is_object()) {
+    read_pod_records(*legacy);
+    s.legacy_pods = true;
   }
+  if (auto it = status.find("podStatuses"); it != status.end() && it->is_array()) {
+    for (const json& v : *it) {
+      if (!v.is_object()) continue;
+      s.pod_statuses.push_back({lenient<std::string>(v, "name", ""),
+                                lenient<std::string>(v, "phase", ""),
+                                lenient<std::string>(v, "reason", "")});
+    }
+  }
+  s.pod_statuses_omitted = lenient<int32_t>(status, "podStatusesOmitted", 0);
   s.ready = lenient<std::string>(status, "ready", "");
   s.restart_count = lenient<int32_t>(status, "restartCount", 0);
   s.preemption_count = lenient<int32_t>(status, "preemptionCount", 0);
@@ -498,8 +515,11 @@ json to_json(const TrainingJobStatus& s) {
   out["conditions"] = std::move(conds);
   json rs = json::object();
   for (const auto& [k, r] : s.replica_statuses) {
-    rs[k] = {
-        {"active", r.active}, {"ready", r.ready}, {"succeeded", r.succeeded}, {"failed", r.failed}};
+    rs[k] = {{"replicas", r.replicas},
+             {"active", r.active},
+             {"ready", r.ready},
+             {"succeeded", r.succeeded},
+             {"failed", r.failed}};
   }
   out["replicaStatuses"] = std::move(rs);
   if (!s.pods.empty()) {
@@ -536,8 +556,18 @@ json to_json(const TrainingJobStatus& s) {
       }
       pods[prefix + "-[" + ranges + "]"] = record_json(PodRecord{attempt, created, restarts});
     }
-    out["pods"] = std::move(pods);
+    out[s.legacy_pods ? "pods" : "unsettledPods"] = std::move(pods);
   }
+  if (!s.pod_statuses.empty()) {
+    json list = json::array();
+    for (const TrainingJobStatus::PodStatus& p : s.pod_statuses) {
+      json j = {{"name", p.name}, {"phase", p.phase}};
+      if (!p.reason.empty()) j["reason"] = p.reason;
+      list.push_back(std::move(j));
+    }
+    out["podStatuses"] = std::move(list);
+  }
+  if (s.pod_statuses_omitted > 0) out["podStatusesOmitted"] = s.pod_statuses_omitted;
   if (!s.ready.empty()) out["ready"] = s.ready;
   out["restartCount"] = s.restart_count;
   out["preemptionCount"] = s.preemption_count;

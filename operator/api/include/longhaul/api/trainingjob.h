@@ -43,10 +43,15 @@ inline constexpr std::string_view kLabelReplicaIndex = "longhaul.dev/replica-ind
 inline constexpr std::string_view kLabelRole = "longhaul.dev/role";
 inline constexpr std::string_view kRoleChief = "chief";
 inline constexpr std::string_view kAnnotationRestartAttempt = "longhaul.dev/restart-attempt";
+// Container restarts of this pod already counted against backoffLimit (restartPolicy OnFailure):
+// the operator patches it on after the status write that counted them.
+inline constexpr std::string_view kAnnotationCountedRestarts = "longhaul.dev/counted-restarts";
 
-// The largest supported job: at most this many replicas of each type (the CRD's maximum too).
-// Status stays bounded by it (counts per type and index ranges, see TrainingJobStatus).
+// The largest supported job: at most this many replicas of each type (the CRD's maximum too),
+// and one Chief: 3,001 pods. Status does not grow with the job (see TrainingJobStatus).
 inline constexpr int32_t kMaxReplicasPerType = 1000;
+// status.podStatuses lists at most this many pods (the CRD's maxItems).
+inline constexpr size_t kMaxPodStatuses = 32;
 
 enum class ReplicaType { kChief, kWorker, kPS, kEvaluator };
 inline constexpr ReplicaType kAllReplicaTypes[] = {ReplicaType::kChief, ReplicaType::kWorker,
@@ -193,6 +198,9 @@ struct Condition {
 };
 
 struct ReplicaStatus {
+  // Replicas of this type the operator manages (spec replicas at the last write). Pod names with
+  // an index below it are known to status.unsettledPods: absent there means "settled".
+  int32_t replicas = 0;
   int32_t active = 0;  // pods of the current incarnation not finished
   int32_t ready = 0;
   int32_t succeeded = 0;
@@ -200,7 +208,9 @@ struct ReplicaStatus {
   bool operator==(const ReplicaStatus&) const = default;
 };
 
-// What the operator remembers about one pod name, so that it survives operator restarts.
+// What the operator knows about one pod name. Most of it lives on the pod itself (the
+// restart-attempt and counted-restarts annotations); status.unsettledPods keeps a record only
+// while the pod does not show it yet (see TrainingJobStatus::pods).
 struct PodRecord {
   int64_t restart_attempt = 0;     // the incarnation wanted under this name
   bool created = false;            // that incarnation was observed in the cluster
@@ -232,9 +242,27 @@ struct TrainingJobStatus {
   std::string phase;
   std::vector<Condition> conditions;
   std::map<std::string, ReplicaStatus> replica_statuses;  // keyed "Chief", "Worker", ...
-  // Keyed by pod name. Serialised compactly: pods "<job>-<type>-<i>" with equal records share
-  // one key "<job>-<type>-[0-999]", so a converged job of 4x1000 replicas writes four entries.
+  // status.unsettledPods, keyed by pod name: per-pod decisions the pods do not show yet (an
+  // incarnation not yet seen created, container restarts counted but not yet annotated). The
+  // reconciler derives every other pod's record from the pod itself (reconciler.cc), so the map
+  // is empty once a job has converged. Serialised compactly: pods "<job>-<type>-<i>" with equal
+  // records share one key "<job>-<type>-[0-6,9-999]".
   std::map<std::string, PodRecord> pods;
+  // True when `pods` was read from status.pods, written by operators before unsettledPods: a
+  // record for every pod name the job had (absent: a new name). Written back as it was read.
+  bool legacy_pods = false;
+  // The pods that matter (status.podStatuses), at most kMaxPodStatuses: the chief first, then
+  // failed pods, then pods not running (pending, terminating, not created), in rank order;
+  // running pods are counted in replicaStatuses only. podStatusesOmitted counts the pods that
+  // matter but did not fit.
+  struct PodStatus {
+    std::string name;
+    std::string phase;   // the pod's phase; "Pending" too for a pod not created yet
+    std::string reason;  // e.g. ImagePullBackOff, "Error (exit code 1)", Terminating, NotCreated
+    bool operator==(const PodStatus&) const = default;
+  };
+  std::vector<PodStatus> pod_statuses;
+  int32_t pod_statuses_omitted = 0;
   std::string ready;  // "3/4", for the printer column
   int32_t restart_count = 0;
   int32_t preemption_count = 0;
