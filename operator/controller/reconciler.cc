@@ -2,7 +2,10 @@
 #include "longhaul/controller/reconciler.h"
 
 #include <algorithm>
+#include <exception>
 #include <random>
+#include <stop_token>
+#include <thread>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
@@ -30,26 +33,32 @@ struct ObservedPod {
   json object;
   std::string name;
   std::string uid;
-  int64_t attempt = 0;
+  int64_t attempt = 0;           // longhaul.dev/restart-attempt
+  int32_t counted_restarts = 0;  // longhaul.dev/counted-restarts
   std::string phase;
   bool terminating = false;
   std::optional<api::Time> deletion_time;
   bool ready = false;
 };
 
+// An integer annotation; 0 when absent or not a number.
+int64_t annotation_number(const json& md, std::string_view key) {
+  if (!md.contains("annotations") || !md["annotations"].is_object()) return 0;
+  const std::string a = md["annotations"].value(std::string(key), "");
+  try {
+    return a.empty() ? 0 : std::stoll(a);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 ObservedPod observe_pod(json pod) {
   ObservedPod p;
   const json& md = pod.at("metadata");
   p.name = md.value("name", std::string());
   p.uid = md.value("uid", std::string());
-  if (md.contains("annotations") && md["annotations"].is_object()) {
-    const std::string a = md["annotations"].value(std::string(api::kAnnotationRestartAttempt), "");
-    try {
-      p.attempt = a.empty() ? 0 : std::stoll(a);
-    } catch (const std::exception&) {
-      p.attempt = 0;
-    }
-  }
+  p.attempt = annotation_number(md, api::kAnnotationRestartAttempt);
+  p.counted_restarts = static_cast<int32_t>(annotation_number(md, api::kAnnotationCountedRestarts));
   if (md.contains("deletionTimestamp") && md["deletionTimestamp"].is_string()) {
     p.terminating = true;
     p.deletion_time = api::parse_time_or_null(md["deletionTimestamp"].get<std::string>());
@@ -68,7 +77,14 @@ bool owned_by(const json& obj, const std::string& uid, const std::string& name) 
 }
 
 struct Action {
-  enum class Kind { kCreatePod, kDeletePod, kForceDeletePod, kCreateService, kCreateClaim };
+  enum class Kind {
+    kCreatePod,
+    kDeletePod,
+    kForceDeletePod,
+    kAnnotatePod,  // records counted container restarts on the pod (object: the merge patch)
+    kCreateService,
+    kCreateClaim
+  };
   Kind kind;
   std::string name;
   std::string uid;
@@ -96,6 +112,27 @@ std::string template_field(ReplicaType type, const std::string& pod_field) {
          (pod_field.empty() ? "" : "." + pod_field);
 }
 
+// The TrainingJob field a logdir claim's field comes from (build_claim): its size, storage
+// class, access modes, or its name (the job's name + "-logdir").
+std::string claim_field(const std::string& field) {
+  auto starts = [&](std::string_view prefix) { return field.rfind(prefix, 0) == 0; };
+  if (starts("spec.resources")) return "spec.logdir.size";
+  if (starts("spec.storageClassName")) return "spec.logdir.storageClassName";
+  if (starts("spec.accessModes")) return "spec.logdir.accessModes";
+  if (starts("metadata.name")) return "metadata.name";
+  return "spec.logdir";
+}
+
+// The TrainingJob field a headless Service's field comes from (build_service): its name is the
+// job's; its ports are the replicas' container ports.
+std::string service_field(const std::string& field) {
+  if (field.rfind("metadata.name", 0) == 0) return "metadata.name";
+  if (field.rfind("spec.ports", 0) == 0) {
+    return "spec.replicaSpecs.*.template.spec.containers[*].ports (the Service's " + field + ")";
+  }
+  return "spec.replicaSpecs";
+}
+
 // An InvalidSpec message for a create the API server refused as invalid: the TrainingJob
 // field(s) first, the server's words, the object, and what to do.
 std::string refused_as_invalid(const Action& a, const std::string& ns, const kube::ApiError& e) {
@@ -108,9 +145,9 @@ std::string refused_as_invalid(const Action& a, const std::string& ns, const kub
     if (a.kind == Action::Kind::kCreatePod) {
       mapped = template_field(a.type, field);
     } else if (a.kind == Action::Kind::kCreateClaim) {
-      mapped = "spec.logdir";
+      mapped = claim_field(field);
     } else {
-      mapped = "spec.replicaSpecs";
+      mapped = service_field(field);
     }
     fields += (fields.empty() ? "" : "; ") + mapped + ": " + what;
   }
@@ -128,10 +165,64 @@ std::string refused_as_invalid(const Action& a, const std::string& ns, const kub
          std::to_string(e.http_status()) + "; fix the TrainingJob and create it again)";
 }
 
+// A pod name's record when status keeps none for it (api::TrainingJobStatus::pods): a pod of
+// the group's incarnation or newer carries its attempt and counted restarts itself; a name with
+// no pod was seen created and is gone. A record that says "not seen created yet" is never
+// settled: status keeps it until the pod is seen.
+api::PodRecord settled_record(const ObservedPod* op, int64_t group_attempt) {
+  if (op != nullptr && op->attempt >= group_attempt) {
+    return {op->attempt, true, op->counted_restarts};
+  }
+  return {group_attempt, op == nullptr, 0};
+}
+
+// Why a pod is not simply running, in a word or two for status.podStatuses: Terminating, the
+// pod's reason (Evicted), a container's waiting reason (ImagePullBackOff, CrashLoopBackOff), a
+// terminated container ("Error (exit code 1)"), or why it is not scheduled (Unschedulable).
+std::string pod_reason(const json& pod) {
+  constexpr size_t kMaxReason = 128;
+  auto shorten = [&](std::string r) {
+    if (r.size() > kMaxReason) r.resize(kMaxReason);
+    return r;
+  };
+  const json& md = pod.at("metadata");
+  if (md.contains("deletionTimestamp") && md["deletionTimestamp"].is_string()) {
+    return "Terminating";
+  }
+  const json status = pod.value("status", json::object());
+  if (const std::string r = status.value("reason", std::string()); !r.empty()) return shorten(r);
+  for (const char* which : {"initContainerStatuses", "containerStatuses"}) {
+    for (const json& cs : status.value(which, json::array())) {
+      const json state = cs.value("state", json::object());
+      if (auto w = state.find("waiting"); w != state.end() && w->is_object()) {
+        if (const std::string r = w->value("reason", std::string()); !r.empty()) {
+          return shorten(r);
+        }
+      }
+      if (auto t = state.find("terminated"); t != state.end() && t->is_object()) {
+        const int code = t->value("exitCode", 0);
+        if (code != 0 || status.value("phase", "") == "Failed") {
+          return shorten(t->value("reason", std::string("Error")) + " (exit code " +
+                         std::to_string(code) + ")");
+        }
+      }
+    }
+  }
+  for (const json& c : status.value("conditions", json::array())) {
+    if (c.value("type", "") == "PodScheduled" && c.value("status", "") == "False") {
+      return shorten(c.value("reason", std::string("NotScheduled")));
+    }
+  }
+  return "";
+}
+
 struct Candidate {  // a finished or disrupted current pod
   std::string name;
   PodClassification c;
 };
+
+// Pod creates or deletes of one pass in flight at once, at most (slow start up to it).
+constexpr size_t kMaxParallelPodWrites = 16;
 
 milliseconds until(api::Time now, api::Time when) {
   return std::max(milliseconds(0), duration_cast<milliseconds>(when - now));
@@ -151,6 +242,14 @@ struct Reconciler::Pass {
     std::string type, reason, message;
   };
   std::vector<PendingEvent> events;
+  // Replicas replaced in place by this pass: they share one new attempt, and each reason gets
+  // one Event naming them (a mass preemption is one Event and one status record range).
+  std::optional<int64_t> replacement_attempt;
+  struct Replaced {
+    std::string first_message;
+    std::vector<std::string> pods;
+  };
+  std::map<std::string, Replaced> replaced;
 
   void requeue_in(milliseconds d) {
     d = std::max(d, milliseconds(1));
@@ -203,15 +302,29 @@ struct Reconciler::Pass {
   void replace_in_place(const std::string& pod, const std::string& reason,
                         const std::string& message) {
     if (!st.group_restart_attempt) st.group_restart_attempt = st.pods[pod].restart_attempt;
-    st.restart_attempt += 1;
+    if (!replacement_attempt) replacement_attempt = ++st.restart_attempt;
     st.restart_count += 1;
-    st.pods[pod] = api::PodRecord{st.restart_attempt, false, 0};
-    const std::string what = message + ": replacing pod " + ref(pod) + " in place";
-    begin_recovery(st, reason, what, now);
+    st.pods[pod] = api::PodRecord{*replacement_attempt, false, 0};
+    begin_recovery(st, reason, message + ": replacing pod " + ref(pod) + " in place", now);
     if (r.options_.on_restart) r.options_.on_restart(reason);
-    event("Warning", reason,
-          what + " (recovery " + std::to_string(st.recoveries) + ", restart attempt " +
-              std::to_string(st.restart_attempt) + ")");
+    Replaced& group = replaced[reason];
+    if (group.pods.empty()) group.first_message = message;
+    group.pods.push_back(ref(pod));
+  }
+
+  // One Warning Event per reason for the replacements of this pass.
+  void record_replacements() {
+    for (const auto& [reason, group] : replaced) {
+      const size_t n = group.pods.size();
+      event("Warning", reason,
+            group.first_message +
+                (n == 1 ? ": replacing pod " + group.pods.front()
+                        : " (and " + std::to_string(n - 1) + " more): replacing pods " +
+                              name_list(group.pods)) +
+                " in place (recovery " + std::to_string(st.recoveries) + ", restart attempt " +
+                std::to_string(*replacement_attempt) + ")");
+    }
+    replaced.clear();
   }
 
   void delete_pod(const ObservedPod& p, std::string_view reason, const std::string& why) {
@@ -255,6 +368,9 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     progress_->forget(p.key);
     std::lock_guard lock(create_mu_);
     create_failures_.erase(p.key);
+    for (const std::string& child : {service_name(name), name + "-logdir"}) {
+      unlabelled_children_.erase(ns + "/" + child);
+    }
   };
   auto report_phase = [&](const std::string& phase) {
     if (options_.on_phase) options_.on_phase(p.key, phase);
@@ -332,6 +448,25 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     }
     if (auto c = spec.chief()) st.chief_pod = pod_name(name, c->first, c->second);
   }
+
+  // Every desired pod's record: status keeps only the unsettled ones (api::TrainingJobStatus::
+  // pods); the others come from the pods (settled_record). Names at or past the replicas a
+  // type had at the last write are new: step 8 starts them at the job's attempt. A status of an
+  // earlier operator (legacy_pods) has a record for every name it knew.
+  if (!st.legacy_pods) {
+    const int64_t group_attempt = st.group_restart_attempt.value_or(0);
+    for (const Desired& d : desired) {
+      if (st.pods.contains(d.pod)) continue;
+      const auto known =
+          p.old_status.replica_statuses.find(std::string(api::replica_type_name(d.type)));
+      if (known == p.old_status.replica_statuses.end() || d.index >= known->second.replicas) {
+        continue;
+      }
+      const auto it = owned.find(d.pod);
+      st.pods[d.pod] = settled_record(it == owned.end() ? nullptr : &it->second, group_attempt);
+    }
+  }
+  st.legacy_pods = false;
 
   auto finished_path = [&]() {
     // Step 4: a finished job: clean up pods by policy, force-delete stuck ones, apply the TTL.
@@ -418,10 +553,16 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
   if (!api::is_finished(st) && !policy.suspend) {
     // Step 7: the logdir claim (unless an existing one is named) and the headless Service.
     // The claim is never waited on to be Bound: pods wait for it in the scheduler.
+    auto unlabelled = [&](const std::string& child) {
+      std::lock_guard lock(create_mu_);
+      return unlabelled_children_.contains(ns + "/" + child);
+    };
     const bool claim_exists =
         !spec.logdir.claim_name.empty() ||
-        view_->exists(res::kPersistentVolumeClaims, ns, claim_name(name, spec));
-    const bool service_exists = view_->exists(res::kServices, ns, service_name(name));
+        view_->exists(res::kPersistentVolumeClaims, ns, claim_name(name, spec)) ||
+        unlabelled(claim_name(name, spec));
+    const bool service_exists =
+        view_->exists(res::kServices, ns, service_name(name)) || unlabelled(service_name(name));
     if (!claim_exists && !create_hold) {
       p.actions.push_back({Action::Kind::kCreateClaim, claim_name(name, spec), "",
                            build_claim(p.job, spec), std::string(api::reason::kCreatedClaim),
@@ -449,6 +590,7 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     std::vector<const Desired*> missing;
     int container_restart_delta = 0;
     std::string container_restart_pod;
+    std::vector<std::string> container_restart_pods;  // for the Event: a few names, then "N more"
     for (const Desired& d : desired) {
       // A name without a record (a new job, or replicas scaled up) starts at the job's attempt;
       // group restarts and suspend rewrite every record, pod-scope restarts only their own.
@@ -476,6 +618,7 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
       if (restarts > rec.container_restarts) {
         container_restart_delta += restarts - rec.container_restarts;
         container_restart_pod = d.pod;
+        container_restart_pods.push_back(p.ref(d.pod));
         rec.container_restarts = restarts;
       }
       PodClassification c = classify_pod(op.object, spec.replica_specs.at(d.type), policy);
@@ -503,7 +646,8 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
         }
       }
       p.event("Warning", api::reason::kContainerRestarted,
-              "pod " + p.ref(container_restart_pod) + ": " +
+              (container_restart_pods.size() == 1 ? "pod " : "pods ") +
+                  name_list(container_restart_pods) + ": " +
                   std::to_string(container_restart_delta) +
                   " container restart(s) in place, failures " + std::to_string(st.failure_count) +
                   "/" + std::to_string(policy.backoff_limit));
@@ -637,6 +781,8 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
       }
     }
 
+    p.record_replacements();
+
     if (api::is_finished(st)) {
       finished_path();
     } else {
@@ -685,6 +831,24 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
               it->second, api::reason::kDeletedPod,
               "replaced by restart attempt " + std::to_string(st.pods[d.pod].restart_attempt));
         }
+      }
+      // Container restarts counted by this or an earlier pass go onto the pod (after the status
+      // write that counted them), so status can forget them: the uid makes it this pod or none.
+      for (const Desired& d : desired) {
+        auto it = owned.find(d.pod);
+        const api::PodRecord& rec = st.pods[d.pod];
+        if (it == owned.end() || it->second.terminating ||
+            it->second.attempt != rec.restart_attempt ||
+            rec.container_restarts <= it->second.counted_restarts) {
+          continue;
+        }
+        json patch = {{"metadata",
+                       {{"uid", it->second.uid},
+                        {"annotations",
+                         {{std::string(api::kAnnotationCountedRestarts),
+                           std::to_string(rec.container_restarts)}}}}}};
+        p.actions.push_back(
+            {Action::Kind::kAnnotatePod, d.pod, it->second.uid, std::move(patch), "", "", d.type});
       }
       const auto not_before = api::parse_time_or_null(st.next_restart_time);
       for (const Desired& d : desired) {
@@ -737,21 +901,35 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     }
   }
 
-  // Replica counts of the current incarnation and the printer columns. A finished job has no
-  // active or ready replicas (READY 0/N); its succeeded/failed counts stay as they were when
-  // it finished.
+  // Replica counts of the current incarnation, the pods that matter, and the printer columns.
+  // A finished job has no active or ready replicas (READY 0/N); its counts and pods stay as
+  // they were when it finished.
   if (!api::is_finished(p.old_status) && invalid.empty()) {
     std::map<std::string, api::ReplicaStatus> counts;
+    struct Notable {
+      int rank;  // 0 the chief, 1 failed, 2 any other pod not running
+      api::TrainingJobStatus::PodStatus pod;
+    };
+    std::vector<Notable> notable;
     int ready = 0;
     for (const Desired& d : desired) {
       api::ReplicaStatus& c = counts[std::string(api::replica_type_name(d.type))];
+      ++c.replicas;
       auto it = owned.find(d.pod);
       const auto rec = st.pods.find(d.pod);
+      const bool chief = d.pod == st.chief_pod;
       if (it == owned.end() || rec == st.pods.end() ||
           it->second.attempt < rec->second.restart_attempt) {
+        notable.push_back(
+            {chief ? 0 : 2, {d.pod, "Pending", it == owned.end() ? "NotCreated" : "Replacing"}});
         continue;
       }
       const ObservedPod& op = it->second;
+      api::TrainingJobStatus::PodStatus ps{d.pod, op.phase.empty() ? "Unknown" : op.phase,
+                                           pod_reason(op.object)};
+      if (chief || ps.phase != "Running" || !ps.reason.empty()) {
+        notable.push_back({chief ? 0 : ps.phase == "Failed" ? 1 : 2, std::move(ps)});
+      }
       if (op.phase == "Succeeded") {
         ++c.succeeded;
       } else if (op.phase == "Failed") {
@@ -766,6 +944,13 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
     }
     st.replica_statuses = std::move(counts);
     st.ready = std::to_string(ready) + "/" + std::to_string(desired.size());
+    std::stable_sort(notable.begin(), notable.end(),
+                     [](const Notable& a, const Notable& b) { return a.rank < b.rank; });
+    st.pod_statuses.clear();
+    for (size_t i = 0; i < notable.size() && i < api::kMaxPodStatuses; ++i) {
+      st.pod_statuses.push_back(std::move(notable[i].pod));
+    }
+    st.pod_statuses_omitted = static_cast<int32_t>(notable.size() - st.pod_statuses.size());
   }
   if (api::is_finished(st) && invalid.empty()) {
     for (auto& [_, c] : st.replica_statuses) c.active = c.ready = 0;
@@ -800,14 +985,32 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
 
   // Step 12: one status write, only when something changed; it commits every decision above
   // before any pod is touched.
+  // Status keeps the records of unsettled pods only; a finished job keeps none.
+  auto unsettled_pods = [&] {
+    std::map<std::string, api::PodRecord> out;
+    if (api::is_finished(st)) return out;
+    const int64_t group_attempt = st.group_restart_attempt.value_or(0);
+    for (const Desired& d : desired) {
+      const auto rec = st.pods.find(d.pod);
+      if (rec == st.pods.end()) continue;
+      const auto it = owned.find(d.pod);
+      if (!rec->second.created ||
+          rec->second != settled_record(it == owned.end() ? nullptr : &it->second, group_attempt)) {
+        out.insert(*rec);
+      }
+    }
+    return out;
+  };
   auto write_status = [&] {
-    const json new_status = api::to_json(st);
+    api::TrainingJobStatus out = st;
+    out.pods = unsettled_pods();
+    const json new_status = api::to_json(out);
     if (new_status == api::to_json(p.old_status)) return;
     kube::throw_if_stop_requested("update status of TrainingJob " + p.key);
     json updated = p.job;
     updated["status"] = new_status;
     p.job = client_.update_status(res::kTrainingJobs, ns, updated);
-    p.old_status = st;
+    p.old_status = std::move(out);
   };
   auto flush_events = [&] {
     for (const auto& e : p.events) {
@@ -822,7 +1025,10 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
   flush_events();
 
   // Step 13: act on the children the committed status asks for. The first refused create
-  // stops this pass's creates (see reconciler.h); deletes go on.
+  // stops this pass's creates (see reconciler.h); deletes go on. Pod creates and deletes go out
+  // in slow-start batches (1, 2, 4, ... up to kMaxParallelPodWrites at once), as Kubernetes'
+  // Job controller does: a large job starts in a fraction of the time, and a refused create
+  // costs at most one batch.
   struct Group {
     std::string type;
     std::vector<std::string> pods;
@@ -830,81 +1036,194 @@ ReconcileResult Reconciler::reconcile(const std::string& ns, const std::string& 
   std::map<std::tuple<Action::Kind, std::string, std::string>, Group> done;  // (kind, reason, why)
   std::optional<std::string> refused_transient, refused_invalid;
   bool created_any = false;
-  for (const Action& a : p.actions) {
+  // The claim and Service this pass created, (reason, "created ..."): told in the pods' Event.
+  std::vector<std::pair<std::string, std::string>> created_children;
+  auto resource_of = [](const Action& a) -> const kube::Resource& {
+    return a.kind == Action::Kind::kCreateService ? res::kServices
+           : a.kind == Action::Kind::kCreateClaim ? res::kPersistentVolumeClaims
+                                                  : res::kPods;
+  };
+  // The API call of one action, on any thread: nullptr when it succeeded, else what it threw.
+  auto call = [&](const Action& a) -> std::exception_ptr {
+    try {
+      kube::throw_if_stop_requested("TrainingJob " + p.key);
+      switch (a.kind) {
+        case Action::Kind::kCreatePod:
+        case Action::Kind::kCreateService:
+        case Action::Kind::kCreateClaim:
+          client_.create(resource_of(a), ns, a.object);
+          break;
+        case Action::Kind::kAnnotatePod:
+          client_.patch(res::kPods, ns, a.name, a.object, kube::PatchType::kMerge);
+          break;
+        case Action::Kind::kDeletePod:
+        case Action::Kind::kForceDeletePod: {
+          kube::DeleteOptions opts;
+          if (!a.uid.empty()) opts.precondition_uid = a.uid;
+          if (a.kind == Action::Kind::kForceDeletePod) opts.grace_period_seconds = 0;
+          client_.remove(res::kPods, ns, a.name, opts);
+          break;
+        }
+      }
+      return nullptr;
+    } catch (...) {
+      return std::current_exception();
+    }
+  };
+  // Records the outcome of one action (on the reconcile thread); rethrows Cancelled.
+  auto settle = [&](const Action& a, std::exception_ptr error) {
     const bool is_create = a.kind == Action::Kind::kCreatePod ||
                            a.kind == Action::Kind::kCreateService ||
                            a.kind == Action::Kind::kCreateClaim;
-    if (is_create && (refused_transient || refused_invalid)) continue;
-    kube::throw_if_stop_requested("TrainingJob " + p.key);
-    if (is_create) {
-      const kube::Resource& r = a.kind == Action::Kind::kCreatePod ? res::kPods
-                                : a.kind == Action::Kind::kCreateService
-                                    ? res::kServices
-                                    : res::kPersistentVolumeClaims;
-      const std::string what = (a.kind == Action::Kind::kCreatePod       ? "pod "
-                                : a.kind == Action::Kind::kCreateService ? "Service "
-                                                                         : "logdir claim ") +
-                               ns + "/" + a.name;
-      if (a.kind == Action::Kind::kCreatePod) expectations_.expect_creation(p.key, a.name);
+    if (a.kind == Action::Kind::kAnnotatePod) {
       try {
-        client_.create(r, ns, a.object);
-        created_any = true;
-        if (a.kind == Action::Kind::kCreatePod) {
-          done[{a.kind, a.reason, a.message}].pods.push_back(a.name);
-        } else if (!kube::stop_requested()) {
-          events_->record(p.job, "Normal", a.reason, a.message);
-        }
-      } catch (const kube::AlreadyExistsError&) {
-        // Exists already (a previous pass or another operator made it): nothing to do.
-      } catch (const kube::InvalidError& e) {
-        if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
-        refused_invalid = refused_as_invalid(a, ns, e);
-        LH_LOG(WARNING) << "the API server refused a create as invalid" << kv("job", p.key)
-                        << kv("object", what) << kv("error", e.what());
-        p.event("Warning", api::reason::kFailedCreate,
-                "could not create " + what + ": " +
-                    (e.status_message().empty() ? std::string(e.what()) : e.status_message()));
-      } catch (const Cancelled&) {
-        if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
-        throw;
-      } catch (const Error& e) {
-        // kube::ApiError (403 quota, namespace terminating, webhook, ...) or Unavailable.
-        if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
-        const auto* api_error = dynamic_cast<const kube::ApiError*>(&e);
-        const std::string server = api_error && !api_error->status_message().empty()
-                                       ? api_error->status_message() + " (HTTP " +
-                                             std::to_string(api_error->http_status()) + " " +
-                                             api_error->reason() + ")"
-                                       : std::string(e.what());
-        refused_transient = "could not create " + what + ": " + server + "; retrying with backoff";
-        LH_LOG(WARNING) << "a create was refused; retrying with backoff" << kv("job", p.key)
-                        << kv("object", what) << kv("error", e.what());
-        p.event("Warning", api::reason::kFailedCreate, *refused_transient);
+        if (error) std::rethrow_exception(error);
+      } catch (const kube::ApiError& e) {
+        // Gone or replaced (uid): nothing to record. Else status keeps the count; retried.
+        LH_LOG(WARNING) << "could not annotate a pod with its counted restarts" << kv("job", p.key)
+                        << kv("pod", a.name) << kv("error", e.what());
       }
+      return;
+    }
+    if (!is_create) {
+      try {
+        if (error) std::rethrow_exception(error);
+        if (!a.reason.empty()) done[{a.kind, a.reason, a.message}].pods.push_back(a.name);
+      } catch (const kube::NotFoundError&) {
+      } catch (const kube::ConflictError&) {
+        // The uid precondition failed: a newer pod holds the name; leave it.
+      }
+      return;
+    }
+    const std::string what = (a.kind == Action::Kind::kCreatePod       ? "pod "
+                              : a.kind == Action::Kind::kCreateService ? "Service "
+                                                                       : "logdir claim ") +
+                             ns + "/" + a.name;
+    try {
+      if (error) std::rethrow_exception(error);
+      created_any = true;
+      if (a.kind == Action::Kind::kCreatePod) {
+        done[{a.kind, a.reason, a.message}].pods.push_back(a.name);
+      } else {
+        created_children.emplace_back(a.reason, a.message);
+      }
+    } catch (const kube::AlreadyExistsError&) {
+      // Exists already (a previous pass or another operator made it): nothing to do. A
+      // Service or claim the cache lacks has no label of ours: remember it exists.
+      if (a.kind != Action::Kind::kCreatePod && !view_->exists(resource_of(a), ns, a.name)) {
+        std::lock_guard lock(create_mu_);
+        unlabelled_children_.insert(ns + "/" + a.name);
+      }
+    } catch (const kube::InvalidError& e) {
+      if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
+      if (refused_invalid) return;  // one message: the first refusal of the batch
+      refused_invalid = refused_as_invalid(a, ns, e);
+      LH_LOG(WARNING) << "the API server refused a create as invalid" << kv("job", p.key)
+                      << kv("object", what) << kv("error", e.what());
+      p.event("Warning", api::reason::kFailedCreate,
+              "could not create " + what + ": " +
+                  (e.status_message().empty() ? std::string(e.what()) : e.status_message()));
+    } catch (const Cancelled&) {
+      if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
+      throw;
+    } catch (const Error& e) {
+      // kube::ApiError (403 quota, namespace terminating, webhook, ...) or Unavailable.
+      if (a.kind == Action::Kind::kCreatePod) expectations_.creation_failed(p.key, a.name);
+      if (refused_transient || refused_invalid) return;
+      const auto* api_error = dynamic_cast<const kube::ApiError*>(&e);
+      const std::string server = api_error && !api_error->status_message().empty()
+                                     ? api_error->status_message() + " (HTTP " +
+                                           std::to_string(api_error->http_status()) + " " +
+                                           api_error->reason() + ")"
+                                     : std::string(e.what());
+      refused_transient = "could not create " + what + ": " + server + "; retrying with backoff";
+      LH_LOG(WARNING) << "a create was refused; retrying with backoff" << kv("job", p.key)
+                      << kv("object", what) << kv("error", e.what());
+      p.event("Warning", api::reason::kFailedCreate, *refused_transient);
+    }
+  };
+  auto batchable = [](Action::Kind k) {
+    return k == Action::Kind::kCreatePod || k == Action::Kind::kDeletePod ||
+           k == Action::Kind::kForceDeletePod;
+  };
+  size_t batch_size = 1;
+  for (size_t i = 0; i < p.actions.size();) {
+    const Action& first = p.actions[i];
+    const bool is_create = first.kind == Action::Kind::kCreatePod ||
+                           first.kind == Action::Kind::kCreateService ||
+                           first.kind == Action::Kind::kCreateClaim;
+    if (is_create && (refused_transient || refused_invalid)) {
+      ++i;
       continue;
     }
-    // Deletes.
-    kube::DeleteOptions opts;
-    if (!a.uid.empty()) opts.precondition_uid = a.uid;
-    if (a.kind == Action::Kind::kForceDeletePod) opts.grace_period_seconds = 0;
-    expectations_.expect_deletion(p.key, a.name, a.uid);
-    try {
-      client_.remove(res::kPods, ns, a.name, opts);
-      if (!a.reason.empty()) done[{a.kind, a.reason, a.message}].pods.push_back(a.name);
-    } catch (const kube::NotFoundError&) {
-    } catch (const kube::ConflictError&) {
-      // The uid precondition failed: a newer pod holds the name; leave it.
+    kube::throw_if_stop_requested("TrainingJob " + p.key);
+    // The next run of pod writes of the same kind, up to the batch size; other actions alone.
+    std::vector<const Action*> run{&first};
+    for (++i; batchable(first.kind) && i < p.actions.size() && run.size() < batch_size &&
+              p.actions[i].kind == first.kind;
+         ++i) {
+      run.push_back(&p.actions[i]);
     }
+    for (const Action* a : run) {
+      if (a->kind == Action::Kind::kCreatePod) expectations_.expect_creation(p.key, a->name);
+      if (a->kind == Action::Kind::kDeletePod || a->kind == Action::Kind::kForceDeletePod) {
+        expectations_.expect_deletion(p.key, a->name, a->uid);
+      }
+    }
+    std::vector<std::exception_ptr> errors(run.size());
+    {
+      // Helpers carry this thread's stop token, and are joined on every path.
+      std::vector<std::thread> helpers;
+      struct JoinAll {
+        std::vector<std::thread>& threads;
+        ~JoinAll() {
+          for (std::thread& t : threads) t.join();
+        }
+      } join_all{helpers};
+      const std::stop_token token = kube::current_stop_token();
+      for (size_t j = 1; j < run.size(); ++j) {
+        helpers.emplace_back([&, j, token] {
+          kube::ScopedStopToken bound(token);
+          errors[j] = call(*run[j]);
+        });
+      }
+      errors[0] = call(*run[0]);
+    }
+    std::exception_ptr cancelled;
+    for (size_t j = 0; j < run.size(); ++j) {
+      try {
+        settle(*run[j], errors[j]);
+      } catch (const Cancelled&) {
+        if (!cancelled) cancelled = std::current_exception();
+      }
+    }
+    if (cancelled) std::rethrow_exception(cancelled);
+    if (batchable(first.kind)) batch_size = std::min(batch_size * 2, kMaxParallelPodWrites);
   }
-  // One Event per decision and kind of action, naming the pods.
+  // One Event per decision and kind of action, naming the pods; the claim and Service made in
+  // the same pass join the first pods' Event ("created logdir claim ns/j-logdir, headless
+  // Service ns/j and pods ..."), so a new job costs one Event, not three.
+  std::string children;
+  for (const auto& [reason, message] : created_children) {
+    const std::string what = message.rfind("created ", 0) == 0 ? message.substr(8) : message;
+    children += (children.empty() ? "" : ", ") + what;
+  }
   for (const auto& [k, group] : done) {
     const auto& [kind, reason, why] = k;
-    const char* verb = kind == Action::Kind::kCreatePod   ? "created"
-                       : kind == Action::Kind::kDeletePod ? "deleted"
-                                                          : "force-deleted";
+    const char* verb = kind == Action::Kind::kCreatePod   ? "created "
+                       : kind == Action::Kind::kDeletePod ? "deleted "
+                                                          : "force-deleted ";
+    std::string what = (group.pods.size() == 1 ? "pod " : "pods ") + name_list(group.pods);
+    if (kind == Action::Kind::kCreatePod && !children.empty()) {
+      what = children + " and " + what;
+      children.clear();
+      created_children.clear();
+    }
     p.event(kind == Action::Kind::kForceDeletePod ? "Warning" : "Normal", reason,
-            std::string(verb) + (group.pods.size() == 1 ? " pod " : " pods ") +
-                name_list(group.pods) + " (" + why + ")");
+            verb + what + " (" + why + ")");
+  }
+  if (!created_children.empty()) {  // no pod created with them
+    p.event("Normal", created_children.front().first, "created " + children);
   }
 
   // Refused creates: back off and say so, or fail the job when the spec is at fault.

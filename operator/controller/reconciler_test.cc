@@ -210,6 +210,71 @@ TEST_F(ReconcilerTest, ContainerRestartsInPlaceCountAgainstTheBudget) {
             api::reason::kBackoffLimitExceeded);
 }
 
+// Counted container restarts move from status onto the pod: status forgets them once the pod
+// shows them, and a new operator process counts only restarts made after that.
+TEST_F(ReconcilerTest, CountedContainerRestartsLiveOnThePodNotInStatus) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure";
+  create_job(spec);
+  start_running();
+  set_phase("j-worker-1", "Running", 0,
+            {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 2}}}}});
+  settle();
+  EXPECT_EQ(status().failure_count, 2);
+  EXPECT_EQ(pod("j-worker-1")["metadata"]["annotations"]["longhaul.dev/counted-restarts"], "2");
+  EXPECT_FALSE(status_json().contains("unsettledPods")) << status_json().dump();
+  reconciler = make_reconciler();  // a new process: no memory of anything
+  EXPECT_EQ(settle(), 0) << "nothing to write after the restart";
+  set_phase("j-worker-1", "Running", 0,
+            {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 3}}}}});
+  settle();
+  EXPECT_EQ(status().failure_count, 3);
+}
+
+// Status written by the operator before unsettledPods (status.pods: a record per pod) is read
+// on upgrade: nothing is re-created or counted twice, and status.pods goes away.
+TEST_F(ReconcilerTest, StatusOfThePreviousOperatorVersionIsReadOnUpgrade) {
+  json spec = default_spec();
+  spec["runPolicy"]["restartScope"] = "Replica";
+  spec["replicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure";
+  create_job(spec);
+  start_running();
+  preempt("j-worker-0");
+  settle();
+  run_all();
+  settle();
+  set_phase("j-worker-1", "Running", 0,
+            {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 1}}}}});
+  // What the previous version wrote at this point: worker-0 replaced in place (attempt 1),
+  // worker-1's container restart counted, the chief's record in the range form.
+  json job = client.get(res::kTrainingJobs, "ns", "j");
+  json& st = job["status"];
+  st.erase("unsettledPods");
+  for (auto& [_, c] : st["replicaStatuses"].items()) c.erase("replicas");
+  st["failureCount"] = 1;
+  st["pods"] = json::parse(R"({
+      "j-chief-[0]": {"restartAttempt": 0, "created": true, "containerRestarts": 0},
+      "j-worker-0": {"restartAttempt": 1, "created": true, "containerRestarts": 0},
+      "j-worker-1": {"restartAttempt": 0, "created": true, "containerRestarts": 1}})");
+  client.put(res::kTrainingJobs, job);
+  const int creates = client.writes_of("create", "pods");
+  const int deletes = client.writes_of("delete", "pods");
+  reconciler = make_reconciler();
+  settle();
+  EXPECT_EQ(client.writes_of("create", "pods"), creates);
+  EXPECT_EQ(client.writes_of("delete", "pods"), deletes);
+  EXPECT_EQ(status().failure_count, 1) << "the counted restart is not counted again";
+  EXPECT_EQ(status().phase, "Running");
+  EXPECT_FALSE(status_json().contains("pods")) << status_json().dump();
+  EXPECT_FALSE(status_json().contains("unsettledPods")) << status_json().dump();
+  EXPECT_EQ(pod("j-worker-1")["metadata"]["annotations"]["longhaul.dev/counted-restarts"], "1");
+  EXPECT_EQ(settle(), 0);
+  preempt("j-worker-0");  // the upgraded operator still knows worker-0's incarnation
+  settle();
+  EXPECT_EQ(attempt("j-worker-0"), "2");
+  EXPECT_EQ(status().preemption_count, 2);
+}
+
 TEST_F(ReconcilerTest, PodScopeRestartsOnlyTheFailedPod) {
   json spec = default_spec();
   spec["runPolicy"]["restartScope"] = "Pod";
@@ -470,7 +535,11 @@ TEST_F(ReconcilerTest, QuotaRefusedCreateIsRetriedWithBackoffAndReported) {
   EXPECT_NE(created->message.find("exceeded quota"), std::string::npos) << created->message;
   EXPECT_EQ(created->message.find("RBAC"), std::string::npos) << created->message;
   EXPECT_TRUE(events.saw(api::reason::kFailedCreate));
-  EXPECT_EQ(pod_names(), (std::vector<std::string>{"j-chief-0"}));  // creates stop at a refusal
+  // Creates stop at a refusal: the chief (a batch of 1) exists, and of the next batch (2 pods in
+  // flight together) only what the quota let through.
+  const auto names = pod_names();
+  EXPECT_EQ(names.front(), "j-chief-0");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "j-worker-0"), 0);
 
   // Within the backoff nothing is tried again; after it the create is retried, and refused
   // again with a longer backoff and no status write (nothing new to say).
@@ -530,6 +599,33 @@ TEST_F(ReconcilerTest, PodRefusedAsInvalidFailsTheJobNamingTheField) {
   EXPECT_TRUE(pod_names().empty());
 }
 
+// A logdir claim or Service the API server refuses as invalid fails the job the same way,
+// naming the TrainingJob field the claim's or Service's field comes from.
+TEST_F(ReconcilerTest, ClaimRefusedAsInvalidFailsTheJobNamingTheLogdirField) {
+  client.before_create = [&](const kube::Resource& r, const json&) {
+    if (r.plural != "persistentvolumeclaims") return;
+    kube::InvalidError e(422, "create PersistentVolumeClaim ns/j-logdir: invalid");
+    e.set_status(
+        "PersistentVolumeClaim \"j-logdir\" is invalid: spec.resources[storage]: Invalid value: "
+        "\"0\": must be greater than zero",
+        json::parse(R"([{"reason": "FieldValueInvalid",
+                   "message": "Invalid value: \"0\": must be greater than zero",
+                   "field": "spec.resources[storage]"}])"));
+    throw e;
+  };
+  create_job(default_spec());
+  settle();
+  const auto s = status();
+  EXPECT_EQ(s.phase, "Failed");
+  const api::Condition* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, api::reason::kInvalidSpec);
+  EXPECT_EQ(failed->message.rfind("spec.logdir.size: Invalid value: \"0\"", 0), 0u)
+      << failed->message;
+  EXPECT_NE(failed->message.find("logdir claim ns/j-logdir"), std::string::npos) << failed->message;
+  EXPECT_TRUE(pod_names().empty()) << "nothing is created after the refusal";
+}
+
 // What the API server would refuse is caught before anything is created.
 TEST_F(ReconcilerTest, InvalidContainerNameFailsBeforeAnyPodIsCreated) {
   json spec = default_spec();
@@ -554,19 +650,96 @@ TEST_F(ReconcilerTest, LargeJobGetsOneEventPerDecisionNotPerPod) {
   create_job(spec);
   reconcile();
   EXPECT_EQ(pod_names().size(), 1001u);
+  // One Event for the claim, the Service and the pods created together.
   EXPECT_EQ(std::count(events.reasons.begin(), events.reasons.end(), "CreatedPod"), 1);
+  EXPECT_EQ(std::count(events.reasons.begin(), events.reasons.end(), "CreatedService"), 0);
+  EXPECT_EQ(std::count(events.reasons.begin(), events.reasons.end(), "CreatedClaim"), 0);
   bool named = false;
   for (const std::string& m : events.messages) {
     named |= m.find(
-                 "created pods j-chief-0, j-worker-0, j-worker-1, j-worker-2, j-worker-3 and "
-                 "996 more (restart attempt 0)") != std::string::npos;
+                 "created logdir claim ns/j-logdir, headless Service ns/j and pods j-chief-0, "
+                 "j-worker-0, j-worker-1, j-worker-2, j-worker-3 and 996 more (restart attempt "
+                 "0)") != std::string::npos;
   }
-  EXPECT_TRUE(named);
+  EXPECT_TRUE(named) << ::testing::PrintToString(events.messages);
   settle();
   run_all();
   settle();
   const json job = client.get(res::kTrainingJobs, "ns", "j");
   EXPECT_LT(job["status"].dump().size(), 4096u) << job["status"].dump().substr(0, 500);
+}
+
+// A job of the largest supported size with pods in every state: status holds counts per type
+// and at most 32 pods that matter, whatever the pods do; an operator restart in the middle
+// loses nothing and creates nothing twice; once converged, nothing is written.
+TEST_F(ReconcilerTest, ThousandReplicasInDifferingStatesKeepStatusBounded) {
+  json spec = default_spec();
+  spec["runPolicy"]["restartScope"] = "Replica";
+  spec["runPolicy"]["backoffLimit"] = 100;
+  spec["replicaSpecs"]["Worker"]["replicas"] = api::kMaxReplicasPerType;
+  create_job(spec);
+  settle();
+  const auto worker = [](int i) { return "j-worker-" + std::to_string(i); };
+  set_phase("j-chief-0", "Running");
+  for (int i = 0; i < 1000; ++i) {
+    if (i >= 500 && i < 600) {
+      set_phase(
+          worker(i), "Pending", 0,
+          {{"containerStatuses",
+            {{{"name", "trainer"}, {"state", {{"waiting", {{"reason", "ContainerCreating"}}}}}}}}});
+    } else if (i >= 600 && i < 610) {
+      preempt(worker(i));
+    } else if (i >= 610 && i < 620) {
+      set_phase(worker(i), "Failed", 137);
+    } else if (i >= 620 && i < 630) {
+      set_phase(worker(i), "Running", 0,
+                {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 1}}}}});
+    } else {
+      set_phase(worker(i), "Running");
+    }
+  }
+  reconcile();  // decides: 20 replacements in place, 10 container restarts counted
+  {
+    const json st = status_json();
+    EXPECT_LT(st.dump().size(), 8192u) << st.dump();
+    const auto s = status();
+    EXPECT_EQ(s.replica_statuses.at("Worker").replicas, 1000);
+    // The 20 failed pods are being replaced: no longer of the current incarnation.
+    EXPECT_EQ(s.replica_statuses.at("Worker").active, 980);
+    EXPECT_EQ(s.replica_statuses.at("Worker").ready, 880);
+    EXPECT_EQ(s.replica_statuses.at("Worker").failed, 0);
+    EXPECT_EQ(s.replica_statuses.at("Chief").replicas, 1);
+    EXPECT_EQ(s.failure_count, 20);
+    EXPECT_EQ(s.preemption_count, 10);
+    EXPECT_EQ(s.restart_attempt, 1) << "one pass's replacements share one attempt";
+    ASSERT_EQ(s.pod_statuses.size(), api::kMaxPodStatuses);
+    EXPECT_EQ(s.pod_statuses[0].name, "j-chief-0");
+    EXPECT_EQ(s.pod_statuses[1].name, "j-worker-500");  // then in rank order
+    EXPECT_EQ(s.pod_statuses[1].phase, "Pending");
+    EXPECT_EQ(s.pod_statuses[1].reason, "ContainerCreating");
+    // The pods that matter: the chief, 100 creating, 20 being replaced.
+    EXPECT_EQ(s.pod_statuses_omitted, 1 + 100 + 20 - 32);
+    EXPECT_LE(st["unsettledPods"].size(), 4u) << st["unsettledPods"].dump();
+    int events_naming_each = 0;
+    for (const std::string& m : events.messages) events_naming_each += m.size() > 2000;
+    EXPECT_EQ(events_naming_each, 0) << "Events name at most a few pods";
+  }
+  reconciler = make_reconciler();  // a new process, mid-recovery
+  settle();
+  EXPECT_EQ(status().failure_count, 20) << "nothing counted twice";
+  EXPECT_EQ(status().preemption_count, 10);
+  EXPECT_EQ(client.writes_of("create", "pods"), 1001 + 20) << "each replacement made once";
+  EXPECT_EQ(pod_names().size(), 1001u);
+  for (int i = 600; i < 620; ++i) EXPECT_EQ(attempt(worker(i)), "1") << worker(i);
+  run_all();
+  settle();
+  const json st = status_json();
+  EXPECT_EQ(status().phase, "Running");
+  EXPECT_FALSE(st.contains("unsettledPods")) << st["unsettledPods"].dump();
+  ASSERT_EQ(status().pod_statuses.size(), 1u);  // the chief only
+  EXPECT_EQ(status().pod_statuses_omitted, 0);
+  EXPECT_LT(st.dump().size(), 4096u) << st.dump();
+  EXPECT_EQ(settle(), 0) << "no writes once converged";
 }
 
 // A deposed leader kept creating pods after it lost the Lease: once the stop is requested
@@ -583,7 +756,9 @@ TEST_F(ReconcilerTest, StopRequestedMidPassMakesNoFurtherWrites) {
   kube::ScopedStopToken scope(stop.get_token());
   client.reset_counts();
   EXPECT_THROW(reconcile(), Cancelled);
-  EXPECT_EQ(client.writes_of("create", "pods"), 40);  // the one in flight completed, no more
+  // The creates already in flight (at most one batch) completed, no more were sent.
+  EXPECT_GE(client.writes_of("create", "pods"), 40);
+  EXPECT_LT(client.writes_of("create", "pods"), 40 + 16);
   const int writes = client.writes();
   EXPECT_THROW(reconcile(), Cancelled);
   EXPECT_EQ(client.writes(), writes);

@@ -36,7 +36,8 @@ JOB_RULES = {
     ("longhaul.dev", "trainingjobs"): {"get", "list", "watch", "delete"},
     ("longhaul.dev", "trainingjobs/status"): {"update"},
     ("longhaul.dev", "trainingjobs/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    # patch: the counted-restarts annotation (container restarts already counted as failures).
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "services"): {"get", "list", "watch", "create"},
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "create"},
     ("", "events"): {"create", "patch"},

@@ -1,6 +1,9 @@
 #include "longhaul/envtest/fake_kubelet.h"
 
+#include <atomic>
 #include <ctime>
+#include <thread>
+#include <vector>
 
 #include "longhaul/base/error.h"
 
@@ -88,8 +91,11 @@ void FakeKubelet::heartbeat() {
 }
 
 json FakeKubelet::container_statuses(const std::string& pod, const json& state, bool ready) {
+  return container_statuses_of(client_->get(kube::resources::kPods, ns_, pod), state, ready);
+}
+
+json FakeKubelet::container_statuses_of(const json& p, const json& state, bool ready) {
   json statuses = json::array();
-  const json p = client_->get(kube::resources::kPods, ns_, pod);
   for (const json& c : p["spec"]["containers"]) {
     statuses.push_back({{"name", c["name"]},
                         {"image", c.value("image", "")},
@@ -136,6 +142,7 @@ void FakeKubelet::sync_once() {
   }
   if (std::chrono::steady_clock::now() - last_heartbeat_ > 10s) heartbeat();
   const json pods = client_->list(kube::resources::kPods, ns_, {});
+  std::vector<const json*> to_start;
   for (const json& pod : pods["items"]) {
     const json& md = pod["metadata"];
     const std::string name = md.value("name", "");
@@ -154,21 +161,41 @@ void FakeKubelet::sync_once() {
     }
     const std::string phase = pod.value(json::json_pointer("/status/phase"), std::string());
     if (!auto_run || (phase != "Pending" && !phase.empty())) continue;
-    if (!pod["spec"].contains("nodeName")) {
-      plane_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods/" + name + "/binding",
-                  {{"apiVersion", "v1"},
-                   {"kind", "Binding"},
-                   {"metadata", {{"name", name}}},
-                   {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_}}}});
-    }
-    patch_status(name,
-                 {{"phase", "Running"},
-                  {"conditions",
-                   {{{"type", "Ready"}, {"status", "True"}},
-                    {{"type", "ContainersReady"}, {"status", "True"}}}},
-                  {"containerStatuses",
-                   container_statuses(name, {{"running", {{"startedAt", now_rfc3339()}}}}, true)}});
+    to_start.push_back(&pod);
   }
+  // Bind and start new pods a few at a time, as a node's kubelet works its pods concurrently:
+  // a 1000-replica job starts in seconds, not in a minute of one request after another.
+  std::atomic<size_t> next{0};
+  auto start_pods = [&] {
+    for (size_t i = next++; i < to_start.size(); i = next++) {
+      const json& pod = *to_start[i];
+      const std::string name = pod["metadata"].value("name", "");
+      try {
+        if (!pod["spec"].contains("nodeName")) {
+          plane_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods/" + name + "/binding",
+                      {{"apiVersion", "v1"},
+                       {"kind", "Binding"},
+                       {"metadata", {{"name", name}}},
+                       {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_}}}});
+        }
+        patch_status(
+            name,
+            {{"phase", "Running"},
+             {"conditions",
+              {{{"type", "Ready"}, {"status", "True"}},
+               {{"type", "ContainersReady"}, {"status", "True"}}}},
+             {"containerStatuses",
+              container_statuses_of(pod, {{"running", {{"startedAt", now_rfc3339()}}}}, true)}});
+      } catch (const std::exception&) {
+        // Deleted or changed meanwhile: the next round sees the new state.
+      }
+    }
+  };
+  constexpr size_t kParallel = 4;
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < kParallel && t < to_start.size(); ++t) threads.emplace_back(start_pods);
+  start_pods();
+  for (std::thread& t : threads) t.join();
 }
 
 void FakeKubelet::run() {

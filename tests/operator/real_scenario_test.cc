@@ -551,6 +551,191 @@ TEST_F(RealScenario, NoWritesOnceConverged) {
   EXPECT_EQ(quiet_rounds, 3) << ::testing::PrintToString(writes);
 }
 
+// The largest supported job (1000 Workers and a Chief) on the real API server, with pods in
+// differing states: its status stays a few KB (the CRD's bounds hold: the server accepts every
+// write), operator restarts mid-creation and mid-recovery lose nothing and create nothing twice,
+// and once converged nothing is written.
+TEST_F(RealScenario, ThousandReplicasKeepStatusBoundedAcrossOperatorRestarts) {
+  constexpr int kWorkers = api::kMaxReplicasPerType;
+  constexpr size_t kPods = kWorkers + 1;
+  const auto worker = [](int i) { return "big-worker-" + std::to_string(i); };
+  size_t largest_status = 0;
+  auto status_when = [&](const std::function<bool(const api::TrainingJobStatus&)>& pred) {
+    return eventually(
+        [&] {
+          const auto job = try_get(kJobs, "big");
+          if (!job) return false;
+          const json st = job->value("status", json::object());
+          largest_status = std::max(largest_status, st.dump().size());
+          return pred(api::parse_status(st));
+        },
+        300s);
+  };
+  start_operator();
+  json job = job_manifest("big", kWorkers);
+  job["spec"]["runPolicy"]["restartScope"] = "Replica";
+  job["spec"]["runPolicy"]["backoffLimit"] = 100;
+  create(job);
+  ASSERT_TRUE(eventually([&] { return job_pods("big").size() >= 200; }, 300s));
+  ctl->stop();  // mid-creation
+  ctl.reset();
+  start_operator();
+  ASSERT_TRUE(status_when([](const auto& s) { return s.ready == "1001/1001"; }))
+      << status("big").ready;
+  ASSERT_EQ(job_pods("big").size(), kPods);
+
+  // Differing states: 10 preempted, 10 failed (exit 137), 10 with a container restarted in
+  // place, 20 reported Pending again, the rest running.
+  kubelet->set_auto_run(false);
+  for (int i = 100; i < 110; ++i) kubelet->preempt(worker(i));
+  for (int i = 200; i < 210; ++i) kubelet->terminate(worker(i), 137);
+  for (int i = 300; i < 310; ++i) {
+    admin->patch(kube::resources::kPods, ns, worker(i),
+                 {{"status",
+                   {{"containerStatuses",
+                     {{{"name", "trainer"},
+                       {"image", "registry.example.com/lh:1"},
+                       {"imageID", ""},
+                       {"ready", true},
+                       {"restartCount", 1},
+                       {"state", {{"running", json::object()}}},
+                       {"lastState", json::object()}}}}}}},
+                 kube::PatchType::kMerge, true);
+  }
+  for (int i = 400; i < 420; ++i) {
+    admin->patch(kube::resources::kPods, ns, worker(i),
+                 {{"status",
+                   {{"phase", "Pending"},
+                    {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
+                    {"containerStatuses",
+                     {{{"name", "trainer"},
+                       {"image", "registry.example.com/lh:1"},
+                       {"imageID", ""},
+                       {"ready", false},
+                       {"restartCount", 0},
+                       {"state", {{"waiting", {{"reason", "ContainerCreating"}}}}}}}}}}},
+                 kube::PatchType::kMerge, true);
+  }
+  ASSERT_TRUE(status_when([](const auto& s) {
+    return s.preemption_count == 10 && s.failure_count == 20;
+  })) << status("big").failure_count;
+  {
+    const auto s = status("big");
+    EXPECT_LE(s.pod_statuses.size(), api::kMaxPodStatuses);
+    EXPECT_EQ(s.pod_statuses.front().name, "big-chief-0");
+    EXPECT_EQ(s.replica_statuses.at("Worker").replicas, kWorkers);
+  }
+  ctl->stop();  // mid-recovery: the failures are counted, the replacements not all made
+  ctl.reset();
+  start_operator();
+  kubelet->set_auto_run(true);  // runs the replacements and the 20 Pending pods
+  ASSERT_TRUE(status_when([](const auto& s) {
+    return s.ready == "1001/1001" && s.recoveries == 20 &&
+           !api::condition_true(s, api::condition::kRecovering) && s.pods.empty();
+  })) << status("big").ready;
+  const auto s = status("big");
+  EXPECT_EQ(s.preemption_count, 10) << "nothing counted twice across the restart";
+  EXPECT_EQ(s.failure_count, 20);
+  ASSERT_EQ(s.pod_statuses.size(), 1u);
+  EXPECT_EQ(s.pod_statuses_omitted, 0);
+  EXPECT_EQ(job_pods("big").size(), kPods);
+  for (int i = 300; i < 310; ++i) {
+    const json p = admin->get(kube::resources::kPods, ns, worker(i));
+    EXPECT_EQ(p["metadata"]["annotations"].value(std::string(api::kAnnotationCountedRestarts), ""),
+              "1")
+        << worker(i);
+  }
+  // Each pod name made once, the 20 failed ones once more; only those 20 deleted.
+  const auto writes = operator_writes("pods");
+  std::map<std::string, int> created;
+  for (const std::string& w : writes) {
+    if (w.rfind("create pods/", 0) == 0 && w.substr(w.size() - 4) == " 201") {
+      ++created[w.substr(12, w.size() - 16)];
+    }
+  }
+  for (const auto& [name, n] : created) {
+    const int index = name.rfind("big-worker-", 0) == 0 ? std::stoi(name.substr(11)) : -1;
+    const bool replaced = (index >= 100 && index < 110) || (index >= 200 && index < 210);
+    EXPECT_LE(n, replaced ? 2 : 1) << name;
+  }
+  EXPECT_EQ(count(writes, "delete pods/", ""), 20u);
+  EXPECT_LT(largest_status, 16u * 1024) << "largest status seen";
+  RecordProperty("largest_status_bytes", static_cast<int>(largest_status));
+  const json events = admin->list(kube::resources::kEvents, ns, {});
+  EXPECT_LT(events["items"].size(), 60u);
+  for (const json& e : events["items"]) EXPECT_LT(e.value("message", "").size(), 600u);
+
+  // Converged: forced reconciles write nothing.
+  operator_writes();
+  int quiet_rounds = 0;
+  std::vector<std::string> after;
+  for (int round = 0; round < 4 && quiet_rounds < 2; ++round) {
+    const int before = reconciles.load();
+    ctl->enqueue(ns + "/big");
+    ASSERT_TRUE(eventually([&] { return reconciles.load() > before; }));
+    after = operator_writes();
+    quiet_rounds = after.empty() ? quiet_rounds + 1 : 0;
+    if (!after.empty() && round > 0) ADD_FAILURE() << ::testing::PrintToString(after);
+  }
+  EXPECT_EQ(quiet_rounds, 2) << ::testing::PrintToString(after);
+}
+
+// An operator upgraded in place finds status written by its previous version (status.pods: a
+// record per pod, container restarts counted there). The CRD keeps that field (the server would
+// prune an undeclared one, and the records with it); the new operator reads it, touches no pod,
+// counts nothing twice, moves the counted restarts onto the pod and drops status.pods.
+TEST_F(RealScenario, StatusOfThePreviousOperatorVersionIsReadOnUpgrade) {
+  start_operator();
+  json manifest = job_manifest("j");
+  manifest["spec"]["runPolicy"]["restartScope"] = "Replica";
+  create(manifest);
+  ASSERT_TRUE(eventually([&] { return running("j", 3, 0) && status().ready == "3/3"; }));
+  ctl->stop();
+  ctl.reset();
+  admin->patch(kube::resources::kPods, ns, "j-worker-1",
+               {{"status",
+                 {{"containerStatuses",
+                   {{{"name", "trainer"},
+                     {"image", "registry.example.com/lh:1"},
+                     {"imageID", ""},
+                     {"ready", true},
+                     {"restartCount", 1},
+                     {"state", {{"running", json::object()}}},
+                     {"lastState", json::object()}}}}}}},
+               kube::PatchType::kMerge, true);
+  json job = admin->get(kJobs, ns, "j");
+  json& st = job["status"];
+  st.erase("unsettledPods");
+  st.erase("podStatuses");
+  for (auto& [_, c] : st["replicaStatuses"].items()) c.erase("replicas");
+  st["failureCount"] = 1;
+  st["restartCount"] = 1;
+  st["pods"] = json::parse(R"({
+      "j-chief-[0]": {"restartAttempt": 0, "created": true, "containerRestarts": 0},
+      "j-worker-[0]": {"restartAttempt": 0, "created": true, "containerRestarts": 0},
+      "j-worker-1": {"restartAttempt": 0, "created": true, "containerRestarts": 1}})");
+  admin->update_status(kJobs, ns, job);
+  ASSERT_TRUE(admin->get(kJobs, ns, "j")["status"].contains("pods")) << "pruned by the server";
+  operator_writes();
+  start_operator();
+  ASSERT_TRUE(eventually([&] {
+    const json now = admin->get(kJobs, ns, "j")["status"];
+    return !now.contains("pods") && now.contains("podStatuses");
+  }));
+  ASSERT_TRUE(eventually([&] {
+    return admin->get(kube::resources::kPods, ns, "j-worker-1")["metadata"]["annotations"].value(
+               std::string(api::kAnnotationCountedRestarts), "") == "1";
+  }));
+  const auto s = status();
+  EXPECT_EQ(s.failure_count, 1) << "the counted restart is not counted again";
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_EQ(s.ready, "3/3");
+  const auto writes = operator_writes("pods");
+  EXPECT_EQ(count(writes, "create pods/", ""), 0u) << ::testing::PrintToString(writes);
+  EXPECT_EQ(count(writes, "delete pods/", ""), 0u) << ::testing::PrintToString(writes);
+  EXPECT_EQ(count(writes, "patch pods/j-worker-1", " 200"), 1u) << ::testing::PrintToString(writes);
+}
+
 // The chief's progress as the operator writes it (read from a loopback server standing in for
 // longhaul-worker's /metrics): the real server accepts it and serves the STEP and LAST-CKPT
 // columns of `kubectl get tj` from it.

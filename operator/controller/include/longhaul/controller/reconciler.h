@@ -11,7 +11,11 @@
 // chief's training progress (status.progress) joins the one status write, read off the reconcile
 // path and rate-limited by progressIntervalSeconds (progress.h).
 //
-// Refused creates: the first refused create of a pass stops that pass's creates. A 400/422
+// Pod writes: a pass sends its pod creates (and deletes) in slow-start batches of 1, 2, 4, ...
+// up to 16 requests in flight, like Kubernetes' Job controller.
+//
+// Refused creates: the first refused create of a pass stops that pass's creates (those of its
+// batch already in flight complete). A 400/422
 // (the API server found the object invalid) fails the job with InvalidSpec, naming the
 // TrainingJob field the server's field path comes from. Any other refusal (a ResourceQuota 403,
 // a namespace being deleted, an admission webhook, the API server unavailable) is retried with
@@ -26,8 +30,14 @@
 // the pass checks the stop token bound to its thread (kube/stop.h) and throws Cancelled once a
 // stop was requested: a deposed leader stops writing mid-pass.
 //
-// Durable state lives only in the cluster: the job's status (restartAttempt, per-pod
-// incarnation records, counters, nextRestartTime) and each pod's restart-attempt annotation.
+// Durable state lives only in the cluster: the job's status (restartAttempt, counters,
+// nextRestartTime, and status.unsettledPods: the per-pod decisions a pod does not show yet) and
+// each pod's annotations (longhaul.dev/restart-attempt, set at creation; longhaul.dev/counted-
+// restarts, patched on after the status write that counted its container restarts). A pod's
+// record is derived from the pod unless status keeps one, so status does not grow with the job.
+// The create backoff is the one exception, kept in memory like the work queue's rate limits in
+// Kubernetes' own controllers: a restarted operator tries a refused create once more at once
+// (Created=False already says why) and backs off again from the start.
 // Decisions are committed by the status write *before* pods are deleted or created, so an
 // operator killed at any point, or a failed write, re-derives the same decision and never
 // counts a failure twice. Pods are named deterministically and a 409 AlreadyExists on create
@@ -120,6 +130,9 @@ class Reconciler {
   };
   std::mutex create_mu_;
   std::map<std::string, CreateFailure> create_failures_;  // guarded by create_mu_
+  // "ns/name" of Services and claims whose create answered 409 although the cache has no such
+  // object (one without the operator's label): they exist; not asked for again.
+  std::set<std::string> unlabelled_children_;  // guarded by create_mu_
   std::unique_ptr<ProgressTracker> progress_;             // last: its threads stop first
 };
 

@@ -49,6 +49,7 @@ class FakeKubelet {
   void heartbeat();
   void patch_status(const std::string& pod, const json& status);
   json container_statuses(const std::string& pod, const json& state, bool ready);
+  static json container_statuses_of(const json& pod, const json& state, bool ready);
 
   const ControlPlane& plane_;
   const std::string ns_;
