@@ -564,7 +564,10 @@ TEST_F(Scenario, LostLeaseMidCreateStopsWrites) {
   ASSERT_TRUE(wait_local([&] { return lost.load(); }));
   ctl->stop_workers();
   const size_t after = server.count_requests({.verb = "create", .resource = "pods"});
-  EXPECT_LE(after, creates_at_loss + o.workers) << "writes after the loss was observed";
+  // A worker's pod creates go out in batches of up to 16 at once (the reconciler's
+  // kMaxParallelPodWrites): what was sent before the cancel, and had not reached the server when
+  // the loss was counted, may still land; nothing after it.
+  EXPECT_LE(after, creates_at_loss + o.workers * 16) << "writes after the loss was observed";
   EXPECT_LT(after, 301u) << "the whole job was created: the Lease was lost too late to tell";
   elector.stop();
   server.clear_faults();
