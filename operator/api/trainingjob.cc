@@ -206,11 +206,11 @@ int32_t TrainingJobSpec::total_replicas() const {
   return n;
 }
 
-TrainingJobSpec parse_spec(const json& spec) {
-  const std::string root = "spec";
-  expect_object(spec, root);
-  TrainingJobSpec out;
+namespace {
 
+// spec.replicaSpecs: one ReplicaSpec per known type, at least one.
+std::map<ReplicaType, ReplicaSpec> parse_replica_specs(const json& spec, const std::string& root) {
+  std::map<ReplicaType, ReplicaSpec> specs;
   const json* rs = field(spec, "replicaSpecs");
   if (rs == nullptr) fail(root + ".replicaSpecs", "is required");
   expect_object(*rs, root + ".replicaSpecs");
@@ -221,90 +221,103 @@ TrainingJobSpec parse_spec(const json& spec) {
       if (key == replica_type_name(t)) type = t;
     }
     if (!type) fail(path, "unknown replica type: must be one of Chief, Worker, PS, Evaluator");
-    out.replica_specs[*type] = parse_replica(value, path, *type);
+    specs[*type] = parse_replica(value, path, *type);
   }
-  if (out.replica_specs.empty())
-    fail(root + ".replicaSpecs", "must name at least one replica type");
+  if (specs.empty()) fail(root + ".replicaSpecs", "must name at least one replica type");
+  return specs;
+}
 
-  if (const json* l = field(spec, "logdir")) {
-    const std::string path = root + ".logdir";
-    expect_object(*l, path);
-    LogdirSpec& d = out.logdir;
-    d.claim_name = get_string(*l, "claimName", path, "");
-    d.storage_class_name = get_string(*l, "storageClassName", path, "");
-    if (!d.claim_name.empty() && !d.storage_class_name.empty()) {
-      fail(path, "give either claimName or storageClassName, not both");
-    }
-    d.size = get_string(*l, "size", path, d.size);
-    if (auto q = parse_quantity(d.size); !q || *q <= 0) {
-      fail(path + ".size", "invalid quantity \"" + d.size +
-                               "\": must be a positive Kubernetes quantity such as \"10Gi\"");
-    }
-    if (!d.storage_class_name.empty() && !is_dns1123_subdomain(d.storage_class_name)) {
-      fail(path + ".storageClassName",
-           "invalid name \"" + d.storage_class_name + "\": must be a DNS-1123 subdomain");
-    }
-    if (!d.claim_name.empty() && !is_dns1123_subdomain(d.claim_name)) {
-      fail(path + ".claimName",
-           "invalid name \"" + d.claim_name + "\": must be a DNS-1123 subdomain");
-    }
-    if (const json* am = field(*l, "accessModes")) {
-      if (!am->is_array()) fail(path + ".accessModes", "must be an array");
-      d.access_modes.clear();
-      static const std::set<std::string> kModes = {"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany",
-                                                   "ReadWriteOncePod"};
-      for (size_t i = 0; i < am->size(); ++i) {
-        const std::string p = path + ".accessModes[" + std::to_string(i) + "]";
-        if (!(*am)[i].is_string() || !kModes.contains((*am)[i].get<std::string>())) {
-          fail(p, "must be one of ReadWriteOnce, ReadOnlyMany, ReadWriteMany, ReadWriteOncePod");
-        }
-        d.access_modes.push_back((*am)[i].get<std::string>());
+// spec.logdir: the shared claim every replica mounts.
+LogdirSpec parse_logdir(const json& l, const std::string& path) {
+  expect_object(l, path);
+  LogdirSpec d;
+  d.claim_name = get_string(l, "claimName", path, "");
+  d.storage_class_name = get_string(l, "storageClassName", path, "");
+  if (!d.claim_name.empty() && !d.storage_class_name.empty()) {
+    fail(path, "give either claimName or storageClassName, not both");
+  }
+  d.size = get_string(l, "size", path, d.size);
+  if (auto q = parse_quantity(d.size); !q || *q <= 0) {
+    fail(path + ".size", "invalid quantity \"" + d.size +
+                             "\": must be a positive Kubernetes quantity such as \"10Gi\"");
+  }
+  if (!d.storage_class_name.empty() && !is_dns1123_subdomain(d.storage_class_name)) {
+    fail(path + ".storageClassName",
+         "invalid name \"" + d.storage_class_name + "\": must be a DNS-1123 subdomain");
+  }
+  if (!d.claim_name.empty() && !is_dns1123_subdomain(d.claim_name)) {
+    fail(path + ".claimName",
+         "invalid name \"" + d.claim_name + "\": must be a DNS-1123 subdomain");
+  }
+  if (const json* am = field(l, "accessModes")) {
+    if (!am->is_array()) fail(path + ".accessModes", "must be an array");
+    d.access_modes.clear();
+    static const std::set<std::string> kModes = {"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany",
+                                                 "ReadWriteOncePod"};
+    for (size_t i = 0; i < am->size(); ++i) {
+      const std::string p = path + ".accessModes[" + std::to_string(i) + "]";
+      if (!(*am)[i].is_string() || !kModes.contains((*am)[i].get<std::string>())) {
+        fail(p, "must be one of ReadWriteOnce, ReadOnlyMany, ReadWriteMany, ReadWriteOncePod");
       }
-      if (d.access_modes.empty()) d.access_modes = {"ReadWriteMany"};
+      d.access_modes.push_back((*am)[i].get<std::string>());
     }
-    d.mount_path = get_string(*l, "mountPath", path, d.mount_path);
-    if (d.mount_path.empty() || d.mount_path.front() != '/') {
-      fail(path + ".mountPath", "must be an absolute path");
-    }
-    d.reclaim_policy =
-        get_enum(*l, "reclaimPolicy", path, ReclaimPolicy::kRetain, kReclaimPolicies);
+    if (d.access_modes.empty()) d.access_modes = {"ReadWriteMany"};
   }
+  d.mount_path = get_string(l, "mountPath", path, d.mount_path);
+  if (d.mount_path.empty() || d.mount_path.front() != '/') {
+    fail(path + ".mountPath", "must be an absolute path");
+  }
+  d.reclaim_policy = get_enum(l, "reclaimPolicy", path, ReclaimPolicy::kRetain, kReclaimPolicies);
+  return d;
+}
 
+// spec.runPolicy: restarts, backoff, deadlines and cleanup.
+RunPolicy parse_run_policy(const json& rp, const std::string& path) {
+  expect_object(rp, path);
+  RunPolicy p;
+  p.backoff_limit = static_cast<int32_t>(get_int(rp, "backoffLimit", path, 6, 0, INT32_MAX));
+  p.restart_scope = get_enum(rp, "restartScope", path, RestartScope::kReplica, kRestartScopes);
+  p.retryable_exit_codes = get_exit_codes(rp, "retryableExitCodes", path);
+  p.permanent_exit_codes = get_exit_codes(rp, "permanentExitCodes", path);
+  for (int32_t c : p.retryable_exit_codes) {
+    if (std::find(p.permanent_exit_codes.begin(), p.permanent_exit_codes.end(), c) !=
+        p.permanent_exit_codes.end()) {
+      fail(path + ".permanentExitCodes",
+           "exit code " + std::to_string(c) + " is also listed in retryableExitCodes");
+    }
+  }
+  if (const json* b = field(rp, "backoff")) {
+    const std::string bp = path + ".backoff";
+    expect_object(*b, bp);
+    p.backoff.initial_seconds =
+        static_cast<int32_t>(get_int(*b, "initialSeconds", bp, 10, 0, INT32_MAX));
+    p.backoff.max_seconds = static_cast<int32_t>(get_int(*b, "maxSeconds", bp, 300, 0, INT32_MAX));
+    if (p.backoff.max_seconds < p.backoff.initial_seconds) {
+      fail(bp + ".maxSeconds", "must be >= initialSeconds");
+    }
+  }
+  p.node_lost_timeout_seconds =
+      static_cast<int32_t>(get_int(rp, "nodeLostTimeoutSeconds", path, 120, 0, INT32_MAX));
+  p.active_deadline_seconds = get_opt_int(rp, "activeDeadlineSeconds", path, 1, INT64_MAX);
+  if (auto ttl = get_opt_int(rp, "ttlSecondsAfterFinished", path, 0, INT32_MAX)) {
+    p.ttl_seconds_after_finished = static_cast<int32_t>(*ttl);
+  }
+  p.clean_pod_policy =
+      get_enum(rp, "cleanPodPolicy", path, CleanPodPolicy::kRunning, kCleanPodPolicies);
+  p.suspend = get_bool(rp, "suspend", path, false);
+  return p;
+}
+
+}  // namespace
+
+TrainingJobSpec parse_spec(const json& spec) {
+  const std::string root = "spec";
+  expect_object(spec, root);
+  TrainingJobSpec out;
+  out.replica_specs = parse_replica_specs(spec, root);
+  if (const json* l = field(spec, "logdir")) out.logdir = parse_logdir(*l, root + ".logdir");
   if (const json* rp = field(spec, "runPolicy")) {
-    const std::string path = root + ".runPolicy";
-    expect_object(*rp, path);
-    RunPolicy& p = out.run_policy;
-    p.backoff_limit = static_cast<int32_t>(get_int(*rp, "backoffLimit", path, 6, 0, INT32_MAX));
-    p.restart_scope = get_enum(*rp, "restartScope", path, RestartScope::kReplica, kRestartScopes);
-    p.retryable_exit_codes = get_exit_codes(*rp, "retryableExitCodes", path);
-    p.permanent_exit_codes = get_exit_codes(*rp, "permanentExitCodes", path);
-    for (int32_t c : p.retryable_exit_codes) {
-      if (std::find(p.permanent_exit_codes.begin(), p.permanent_exit_codes.end(), c) !=
-          p.permanent_exit_codes.end()) {
-        fail(path + ".permanentExitCodes",
-             "exit code " + std::to_string(c) + " is also listed in retryableExitCodes");
-      }
-    }
-    if (const json* b = field(*rp, "backoff")) {
-      const std::string bp = path + ".backoff";
-      expect_object(*b, bp);
-      p.backoff.initial_seconds =
-          static_cast<int32_t>(get_int(*b, "initialSeconds", bp, 10, 0, INT32_MAX));
-      p.backoff.max_seconds =
-          static_cast<int32_t>(get_int(*b, "maxSeconds", bp, 300, 0, INT32_MAX));
-      if (p.backoff.max_seconds < p.backoff.initial_seconds) {
-        fail(bp + ".maxSeconds", "must be >= initialSeconds");
-      }
-    }
-    p.node_lost_timeout_seconds =
-        static_cast<int32_t>(get_int(*rp, "nodeLostTimeoutSeconds", path, 120, 0, INT32_MAX));
-    p.active_deadline_seconds = get_opt_int(*rp, "activeDeadlineSeconds", path, 1, INT64_MAX);
-    if (auto ttl = get_opt_int(*rp, "ttlSecondsAfterFinished", path, 0, INT32_MAX)) {
-      p.ttl_seconds_after_finished = static_cast<int32_t>(*ttl);
-    }
-    p.clean_pod_policy =
-        get_enum(*rp, "cleanPodPolicy", path, CleanPodPolicy::kRunning, kCleanPodPolicies);
-    p.suspend = get_bool(*rp, "suspend", path, false);
+    out.run_policy = parse_run_policy(*rp, root + ".runPolicy");
   }
   out.success_policy =
       get_enum(spec, "successPolicy", root, SuccessPolicy::kChiefSucceeds, kSuccessPolicies);
@@ -415,6 +428,80 @@ std::vector<std::string> expand_pod_key(const std::string& key) {
 }
 }  // namespace
 
+namespace {
+
+std::map<std::string, PodRecord> parse_pod_records(const json& records) {
+  std::map<std::string, PodRecord> out;
+  for (const auto& [k, v] : records.items()) {
+    if (!v.is_object()) continue;
+    const PodRecord record{lenient<int64_t>(v, "restartAttempt", 0),
+                           lenient<bool>(v, "created", false),
+                           lenient<int32_t>(v, "containerRestarts", 0)};
+    for (const std::string& name : expand_pod_key(k)) out[name] = record;
+  }
+  return out;
+}
+
+TrainingProgress parse_progress(const json& v) {
+  return TrainingProgress{lenient<int64_t>(v, "step", 0),
+                          lenient<int64_t>(v, "maxSteps", 0),
+                          lenient<int64_t>(v, "lastCheckpointStep", 0),
+                          lenient<std::string>(v, "lastCheckpointTime", ""),
+                          lenient<std::string>(v, "observedTime", ""),
+                          lenient<std::string>(v, "steps", "")};
+}
+
+// Per-pod records, compactly: pods "<prefix>-<index>" with equal records share one key
+// "<prefix>-[0-3,5]".
+json pod_records_json(const std::map<std::string, PodRecord>& records) {
+  std::map<std::tuple<std::string, int64_t, bool, int32_t>, std::vector<int64_t>> groups;
+  json pods = json::object();
+  auto record_json = [](const PodRecord& p) {
+    return json{{"restartAttempt", p.restart_attempt},
+                {"created", p.created},
+                {"containerRestarts", p.container_restarts}};
+  };
+  for (const auto& [k, p] : records) {
+    const size_t dash = k.rfind('-');
+    const bool indexed = dash != std::string::npos && dash + 1 < k.size() && k.size() - dash < 10 &&
+                         k.find_first_not_of("0123456789", dash + 1) == std::string::npos;
+    if (!indexed) {
+      pods[k] = record_json(p);
+      continue;
+    }
+    groups[{k.substr(0, dash), p.restart_attempt, p.created, p.container_restarts}].push_back(
+        std::stoll(k.substr(dash + 1)));
+  }
+  for (auto& [g, indices] : groups) {
+    const auto& [prefix, attempt, created, restarts] = g;
+    std::sort(indices.begin(), indices.end());
+    std::string ranges;
+    for (size_t i = 0; i < indices.size();) {
+      size_t j = i;
+      while (j + 1 < indices.size() && indices[j + 1] == indices[j] + 1) ++j;
+      ranges += (ranges.empty() ? "" : ",") + std::to_string(indices[i]) +
+                (j > i ? "-" + std::to_string(indices[j]) : "");
+      i = j + 1;
+    }
+    pods[prefix + "-[" + ranges + "]"] = record_json(PodRecord{attempt, created, restarts});
+  }
+  return pods;
+}
+
+json progress_json(const TrainingProgress& p) {
+  json j = {{"step", p.step}};
+  if (p.max_steps > 0) j["maxSteps"] = p.max_steps;
+  if (!p.last_checkpoint_time.empty()) {
+    j["lastCheckpointStep"] = p.last_checkpoint_step;
+    j["lastCheckpointTime"] = p.last_checkpoint_time;
+  }
+  if (!p.observed_time.empty()) j["observedTime"] = p.observed_time;
+  if (!p.steps.empty()) j["steps"] = p.steps;
+  return j;
+}
+
+}  // namespace
+
 TrainingJobStatus parse_status(const json& status) {
   TrainingJobStatus s;
   if (!status.is_object()) return s;
@@ -438,19 +525,10 @@ TrainingJobStatus parse_status(const json& status) {
     }
   }
   // unsettledPods; status.pods is what operators before it wrote (a record for every pod).
-  auto read_pod_records = [&](const json& records) {
-    for (const auto& [k, v] : records.items()) {
-      if (!v.is_object()) continue;
-      const PodRecord record{lenient<int64_t>(v, "restartAttempt", 0),
-                             lenient<bool>(v, "created", false),
-                             lenient<int32_t>(v, "containerRestarts", 0)};
-      for (const std::string& name : expand_pod_key(k)) s.pods[name] = record;
-    }
-  };
   if (auto it = status.find("unsettledPods"); it != status.end() && it->is_object()) {
-    read_pod_records(*it);
+    s.pods = parse_pod_records(*it);
   } else if (auto legacy = status.find("pods"); legacy != status.end() && legacy->is_object()) {
-    read_pod_records(*legacy);
+    s.pods = parse_pod_records(*legacy);
     s.legacy_pods = true;
   }
   if (auto it = status.find("podStatuses"); it != status.end() && it->is_array()) {
@@ -490,13 +568,7 @@ TrainingJobStatus parse_status(const json& status) {
   s.start_time = lenient<std::string>(status, "startTime", "");
   s.completion_time = lenient<std::string>(status, "completionTime", "");
   if (auto it = status.find("progress"); it != status.end() && it->is_object()) {
-    const json& v = *it;
-    s.progress = TrainingProgress{lenient<int64_t>(v, "step", 0),
-                                  lenient<int64_t>(v, "maxSteps", 0),
-                                  lenient<int64_t>(v, "lastCheckpointStep", 0),
-                                  lenient<std::string>(v, "lastCheckpointTime", ""),
-                                  lenient<std::string>(v, "observedTime", ""),
-                                  lenient<std::string>(v, "steps", "")};
+    s.progress = parse_progress(*it);
   }
   return s;
 }
@@ -522,42 +594,7 @@ json to_json(const TrainingJobStatus& s) {
              {"failed", r.failed}};
   }
   out["replicaStatuses"] = std::move(rs);
-  if (!s.pods.empty()) {
-    // Pods "<prefix>-<index>" with equal records share one key "<prefix>-[0-3,5]".
-    std::map<std::tuple<std::string, int64_t, bool, int32_t>, std::vector<int64_t>> groups;
-    json pods = json::object();
-    auto record_json = [](const PodRecord& p) {
-      return json{{"restartAttempt", p.restart_attempt},
-                  {"created", p.created},
-                  {"containerRestarts", p.container_restarts}};
-    };
-    for (const auto& [k, p] : s.pods) {
-      const size_t dash = k.rfind('-');
-      const bool indexed = dash != std::string::npos && dash + 1 < k.size() &&
-                           k.size() - dash < 10 &&
-                           k.find_first_not_of("0123456789", dash + 1) == std::string::npos;
-      if (!indexed) {
-        pods[k] = record_json(p);
-        continue;
-      }
-      groups[{k.substr(0, dash), p.restart_attempt, p.created, p.container_restarts}].push_back(
-          std::stoll(k.substr(dash + 1)));
-    }
-    for (auto& [g, indices] : groups) {
-      const auto& [prefix, attempt, created, restarts] = g;
-      std::sort(indices.begin(), indices.end());
-      std::string ranges;
-      for (size_t i = 0; i < indices.size();) {
-        size_t j = i;
-        while (j + 1 < indices.size() && indices[j + 1] == indices[j] + 1) ++j;
-        ranges += (ranges.empty() ? "" : ",") + std::to_string(indices[i]) +
-                  (j > i ? "-" + std::to_string(indices[j]) : "");
-        i = j + 1;
-      }
-      pods[prefix + "-[" + ranges + "]"] = record_json(PodRecord{attempt, created, restarts});
-    }
-    out[s.legacy_pods ? "pods" : "unsettledPods"] = std::move(pods);
-  }
+  if (!s.pods.empty()) out[s.legacy_pods ? "pods" : "unsettledPods"] = pod_records_json(s.pods);
   if (!s.pod_statuses.empty()) {
     json list = json::array();
     for (const TrainingJobStatus::PodStatus& p : s.pod_statuses) {
@@ -590,18 +627,7 @@ json to_json(const TrainingJobStatus& s) {
   out["observedGeneration"] = s.observed_generation;
   if (!s.start_time.empty()) out["startTime"] = s.start_time;
   if (!s.completion_time.empty()) out["completionTime"] = s.completion_time;
-  if (s.progress) {
-    const TrainingProgress& p = *s.progress;
-    json j = {{"step", p.step}};
-    if (p.max_steps > 0) j["maxSteps"] = p.max_steps;
-    if (!p.last_checkpoint_time.empty()) {
-      j["lastCheckpointStep"] = p.last_checkpoint_step;
-      j["lastCheckpointTime"] = p.last_checkpoint_time;
-    }
-    if (!p.observed_time.empty()) j["observedTime"] = p.observed_time;
-    if (!p.steps.empty()) j["steps"] = p.steps;
-    out["progress"] = std::move(j);
-  }
+  if (s.progress) out["progress"] = progress_json(*s.progress);
   return out;
 }
 
