@@ -134,14 +134,10 @@ std::string address_host(std::string_view address, std::string_view field) {
   return std::string(host);
 }
 
-ClusterSpec parse_tf_config(std::string_view text) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw InvalidArgument(std::string("TF_CONFIG is not valid JSON: ") + e.what());
-  }
-  if (!doc.is_object()) throw InvalidArgument("TF_CONFIG must be a JSON object, got " + doc.dump());
+namespace {
+
+// TF_CONFIG's cluster: the addresses of each task type (master is read as chief).
+void read_cluster(const json& doc, ClusterSpec& spec) {
   if (!doc.contains("cluster") || !doc["cluster"].is_object()) {
     throw InvalidArgument(
         "TF_CONFIG cluster is missing or not an object; expected {\"cluster\": {\"chief\": "
@@ -154,7 +150,6 @@ ClusterSpec parse_tf_config(std::string_view text) {
                             " is not a known task type (chief, worker, ps, evaluator)");
     }
   }
-  ClusterSpec spec;
   spec.chief = address_list(cluster, "chief");
   auto master = address_list(cluster, "master");
   if (!master.empty()) {
@@ -178,7 +173,10 @@ ClusterSpec parse_tf_config(std::string_view text) {
   if (spec.world_size() == 0) {
     throw InvalidArgument("TF_CONFIG cluster has neither chief nor worker addresses");
   }
+}
 
+// TF_CONFIG's task: which of the cluster's addresses this process is.
+void read_task(const json& doc, ClusterSpec& spec) {
   if (!doc.contains("task") || !doc["task"].is_object()) {
     throw InvalidArgument(
         "TF_CONFIG task is missing or not an object; expected \"task\": {\"type\": \"worker\", "
@@ -222,6 +220,21 @@ ClusterSpec parse_tf_config(std::string_view text) {
                           " is outside cluster." + list_name + ", which has " +
                           std::to_string(list->size()) + " address(es)");
   }
+}
+
+}  // namespace
+
+ClusterSpec parse_tf_config(std::string_view text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InvalidArgument(std::string("TF_CONFIG is not valid JSON: ") + e.what());
+  }
+  if (!doc.is_object()) throw InvalidArgument("TF_CONFIG must be a JSON object, got " + doc.dump());
+  ClusterSpec spec;
+  read_cluster(doc, spec);
+  read_task(doc, spec);
   return spec;
 }
 
