@@ -112,7 +112,7 @@ class Reconciler {
   ProgressTracker& progress() { return *progress_; }
 
  private:
-  struct Pass;
+  struct Pass;  // one reconcile() over one job; its methods are the steps (reconciler.cc)
   kube::Client& client_;
   std::unique_ptr<ClusterView> own_view_;
   std::unique_ptr<EventSink> own_events_;
@@ -133,7 +133,7 @@ class Reconciler {
   // "ns/name" of Services and claims whose create answered 409 although the cache has no such
   // object (one without the operator's label): they exist; not asked for again.
   std::set<std::string> unlabelled_children_;  // guarded by create_mu_
-  std::unique_ptr<ProgressTracker> progress_;             // last: its threads stop first
+  std::unique_ptr<ProgressTracker> progress_;  // last: its threads stop first
 };
 
 }  // namespace longhaul::controller
