@@ -129,11 +129,11 @@ TEST_F(Scale, ThousandReplicasInDifferingStatesKeepStatusBoundedAcrossOperatorRe
   restart_operator();
   kubelet->set_auto_run(true);  // starts the replacements
   for (int i = 0; i < 50; ++i) {
-    server.patch_status("pods", "default", worker(i),
-                        {{"phase", "Running"},
-                         {"conditions", {{{"type", "Ready"}, {"status", "True"}}}},
-                         {"containerStatuses",
-                          {{{"name", "trainer"}, {"state", {{"running", json::object()}}}}}}});
+    server.patch_status(
+        "pods", "default", worker(i),
+        {{"phase", "Running"},
+         {"conditions", {{{"type", "Ready"}, {"status", "True"}}}},
+         {"containerStatuses", {{{"name", "trainer"}, {"state", {{"running", json::object()}}}}}}});
   }
   ASSERT_TRUE(wait_status([&](const auto& s) {
     return s.ready == "1001/1001" && s.recoveries == 20 &&

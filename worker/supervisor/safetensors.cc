@@ -337,7 +337,8 @@ uint64_t SafetensorsReader::parse_header() {
                        std::to_string(size_) + "-byte file");
   }
   const char* hp = reinterpret_cast<const char*>(map_ + 8);
-  if (n == 0 || hp[0] != kJsonObjectStart) corrupt(path_, "header does not start with a JSON object");
+  if (n == 0 || hp[0] != kJsonObjectStart)
+    corrupt(path_, "header does not start with a JSON object");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(hp, hp + n);
