@@ -266,6 +266,81 @@ std::string event_type_name(int type) {
   return names[type];
 }
 
+// The body of a create: a JSON object whose kind and apiVersion, when given, are the
+// collection's (400 BadRequest otherwise, as the API server answers).
+void check_create_body(const ResourceType& type, const json& object) {
+  if (!object.is_object()) {
+    throw StatusError(400, "BadRequest", "the body of the request is not a JSON object");
+  }
+  if (object.contains("kind") && object["kind"] != type.kind) {
+    throw StatusError(400, "BadRequest",
+                      "the kind \"" + object["kind"].dump() + "\" of the body does not match " +
+                          type.kind + " (the collection in the URL)");
+  }
+  if (object.contains("apiVersion") && object["apiVersion"] != type.api_version()) {
+    throw StatusError(400, "BadRequest",
+                      "the API version in the data (" + object["apiVersion"].dump() +
+                          ") does not match the expected API version (" + type.api_version() + ")");
+  }
+}
+
+// A namespaced object takes the namespace of the URL (which must be given, and agree with the
+// body's); a cluster-scoped one has none.
+void place_in_namespace(const ResourceType& type, const std::string& ns, json& meta) {
+  if (!type.namespaced) {
+    meta.erase("namespace");
+    return;
+  }
+  if (ns.empty()) {
+    throw StatusError(400, "BadRequest", "a namespace is required to create " + type.plural);
+  }
+  const std::string body_ns = string_field(meta, "namespace");
+  if (!body_ns.empty() && body_ns != ns) {
+    throw StatusError(400, "BadRequest",
+                      "the namespace of the provided object does not match the namespace sent "
+                      "on the request");
+  }
+  meta["namespace"] = ns;
+}
+
+// A new PersistentVolumeClaim is Pending, or Bound at once (with the access modes and capacity
+// it asked for) when the server binds claims.
+void default_claim_status(json& claim, bool bind) {
+  claim["status"] = {{"phase", "Pending"}};
+  if (!bind) return;
+  const json& spec = claim["spec"];
+  claim["status"]["phase"] = "Bound";
+  if (spec.is_object() && spec.contains("accessModes")) {
+    claim["status"]["accessModes"] = spec["accessModes"];
+  }
+  if (spec.is_object() && spec.contains("resources") && spec["resources"].contains("requests")) {
+    claim["status"]["capacity"] = spec["resources"]["requests"];
+  }
+}
+
+// A new Service's defaults: type ClusterIP, sessionAffinity None, a cluster IP drawn from
+// `random` (only when none is given), TCP ports whose targetPort is their port.
+void default_service_spec(json& service, std::mt19937_64& random) {
+  json& spec = service["spec"];
+  if (!spec.is_object()) spec = json::object();
+  if (!spec.contains("type")) spec["type"] = "ClusterIP";
+  if (!spec.contains("sessionAffinity")) spec["sessionAffinity"] = "None";
+  if (!spec.contains("clusterIP")) {
+    const uint64_t n = random();
+    spec["clusterIP"] =
+        "10.96." + std::to_string((n >> 8) % 256) + "." + std::to_string(n % 254 + 1);
+  }
+  if (!spec.contains("clusterIPs")) spec["clusterIPs"] = json::array({spec["clusterIP"]});
+  if (spec.contains("ports") && spec["ports"].is_array()) {
+    for (json& port : spec["ports"]) {
+      if (!port.contains("protocol")) port["protocol"] = "TCP";
+      if (!port.contains("targetPort") && port.contains("port")) {
+        port["targetPort"] = port["port"];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -611,43 +686,28 @@ void Store::deliver_locked(Watcher& watcher, const Event& event) const {
   watcher.push(std::move(line));
 }
 
-json Store::create(const ResourceType& type_in, const std::string& ns, json object) {
+// Create, as the API server runs it: admission of the body (kind, apiVersion, namespace), the
+// name (generateName, validity, uniqueness), the fields the server owns, the defaults of the
+// built-in kinds, then the write itself (resourceVersion, ADDED event). Every check comes before
+// anything changes, so a refused create leaves the store as it was.
+json Store::create(const ResourceType& type, const std::string& ns, json object) {
   std::lock_guard<std::mutex> lock(mu_);
-  const ResourceType& type = type_in;
-  if (!object.is_object()) {
-    throw StatusError(400, "BadRequest", "the body of the request is not a JSON object");
-  }
-  if (object.contains("kind") && object["kind"] != type.kind) {
-    throw StatusError(400, "BadRequest",
-                      "the kind \"" + object["kind"].dump() + "\" of the body does not match " +
-                          type.kind + " (the collection in the URL)");
-  }
-  if (object.contains("apiVersion") && object["apiVersion"] != type.api_version()) {
-    throw StatusError(400, "BadRequest",
-                      "the API version in the data (" + object["apiVersion"].dump() +
-                          ") does not match the expected API version (" + type.api_version() + ")");
-  }
+  check_create_body(type, object);
   json& meta = object["metadata"];
   if (!meta.is_object()) meta = json::object();
-  if (type.namespaced) {
-    if (ns.empty()) {
-      throw StatusError(400, "BadRequest", "a namespace is required to create " + type.plural);
-    }
-    std::string body_ns = string_field(meta, "namespace");
-    if (!body_ns.empty() && body_ns != ns) {
-      throw StatusError(400, "BadRequest",
-                        "the namespace of the provided object does not match the namespace sent "
-                        "on the request");
-    }
-    meta["namespace"] = ns;
-  } else {
-    meta.erase("namespace");
-  }
+  place_in_namespace(type, ns, meta);
+  const Key key = claim_name_locked(type, type.namespaced ? ns : "", meta);
+  set_server_fields_locked(type, object);
+  apply_create_defaults_locked(type, object);
+  return store_created_locked(type, key, std::move(object));
+}
+
+Store::Key Store::claim_name_locked(const ResourceType& type, const std::string& key_ns,
+                                    json& meta) {
+  const auto& objects = objects_of(type);
   std::string name = string_field(meta, "name");
-  std::string generate = string_field(meta, "generateName");
-  auto& objects = objects_of(type);
-  const std::string key_ns = type.namespaced ? ns : "";
   if (name.empty()) {
+    const std::string generate = string_field(meta, "generateName");
     if (generate.empty()) {
       throw invalid(type, "", "metadata.name", "Required value: name or generateName is required");
     }
@@ -667,8 +727,13 @@ json Store::create(const ResourceType& type_in, const std::string& ns, json obje
     throw StatusError(409, "AlreadyExists", qualified(type, name) + " already exists",
                       details_for(type, name));
   }
+  return Key(key_ns, name);
+}
+
+void Store::set_server_fields_locked(const ResourceType& type, json& object) {
   object["kind"] = type.kind;
   object["apiVersion"] = type.api_version();
+  json& meta = object["metadata"];
   for (const char* k : {"deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"}) {
     meta.erase(k);
   }
@@ -676,6 +741,9 @@ json Store::create(const ResourceType& type_in, const std::string& ns, json obje
   meta["creationTimestamp"] = now_rfc3339();
   meta["generation"] = 1;
   if (type.status_subresource && type.custom) object.erase("status");
+}
+
+void Store::apply_create_defaults_locked(const ResourceType& type, json& object) {
   if (is_pods(type)) {
     default_pod(object);
     if (!options_.default_node_name.empty() && string_field(object["spec"], "nodeName").empty()) {
@@ -684,42 +752,18 @@ json Store::create(const ResourceType& type_in, const std::string& ns, json obje
     }
   }
   if (type.group.empty() && type.plural == "persistentvolumeclaims") {
-    object["status"] = {{"phase", "Pending"}};
-    if (options_.bind_persistent_volume_claims) {
-      json& spec = object["spec"];
-      object["status"]["phase"] = "Bound";
-      if (spec.is_object() && spec.contains("accessModes")) {
-        object["status"]["accessModes"] = spec["accessModes"];
-      }
-      if (spec.is_object() && spec.contains("resources") &&
-          spec["resources"].contains("requests")) {
-        object["status"]["capacity"] = spec["resources"]["requests"];
-      }
-    }
+    default_claim_status(object, options_.bind_persistent_volume_claims);
   }
   if (type.group.empty() && type.plural == "services") {
-    json& spec = object["spec"];
-    if (!spec.is_object()) spec = json::object();
-    if (!spec.contains("type")) spec["type"] = "ClusterIP";
-    if (!spec.contains("sessionAffinity")) spec["sessionAffinity"] = "None";
-    if (!spec.contains("clusterIP")) {
-      uint64_t n = random_();
-      spec["clusterIP"] =
-          "10.96." + std::to_string((n >> 8) % 256) + "." + std::to_string(n % 254 + 1);
-    }
-    if (!spec.contains("clusterIPs")) spec["clusterIPs"] = json::array({spec["clusterIP"]});
-    if (spec.contains("ports") && spec["ports"].is_array()) {
-      for (json& port : spec["ports"]) {
-        if (!port.contains("protocol")) port["protocol"] = "TCP";
-        if (!port.contains("targetPort") && port.contains("port")) {
-          port["targetPort"] = port["port"];
-        }
-      }
-    }
+    default_service_spec(object, random_);
   }
+}
+
+json Store::store_created_locked(const ResourceType& type, const Key& key, json object) {
+  json& meta = object["metadata"];
   meta["resourceVersion"] = std::to_string(next_resource_version_locked());
-  by_uid_[meta["uid"].get<std::string>()] = {type.id(), Key(key_ns, name)};
-  json& stored = objects[Key(key_ns, name)];
+  by_uid_[meta["uid"].get<std::string>()] = {type.id(), key};
+  json& stored = objects_of(type)[key];
   stored = std::move(object);
   commit_locked(type, EventType::kAdded, stored, nullptr);
   return stored;

@@ -145,6 +145,13 @@ class Store {
   const ResourceType& type_locked(const ResourceType& type) const;
   std::map<Key, json>& objects_of(const ResourceType& type);
   json* find_locked(const ResourceType& type, const std::string& ns, const std::string& name);
+  // The steps of create(): the name (generateName, validity, 409 AlreadyExists); the fields the
+  // server owns (kind, apiVersion, uid, creationTimestamp, generation); the defaults of pods,
+  // claims and services; the write with its resourceVersion and ADDED event.
+  Key claim_name_locked(const ResourceType& type, const std::string& key_ns, json& meta);
+  void set_server_fields_locked(const ResourceType& type, json& object);
+  void apply_create_defaults_locked(const ResourceType& type, json& object);
+  json store_created_locked(const ResourceType& type, const Key& key, json object);
   json update_locked(const ResourceType& type, const std::string& ns, const std::string& name,
                      const json& existing, json candidate, bool status_only);
   json remove_locked(const ResourceType& type, const std::string& ns, const std::string& name,
