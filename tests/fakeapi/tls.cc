@@ -4,85 +4,18 @@
 
 #include <arpa/inet.h>
 #include <openssl/err.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
 #include <openssl/ssl.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
 
 #include <longhaul/base/error.h>
 #include <longhaul/base/file.h>
 
+#include "longhaul/testing/certificates.h"
+
 namespace longhaul::fakeapi {
 namespace {
 
-[[noreturn]] void openssl_failure(const std::string& step) {
-  unsigned long err = ERR_get_error();
-  char text[256] = "unknown error";
-  if (err != 0) ERR_error_string_n(err, text, sizeof(text));
-  throw Internal("fake API server: cannot generate TLS material (" + step + "): " + text +
-                 "; run without TLS or check the OpenSSL installation");
-}
-
-struct X509Deleter {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct KeyDeleter {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-using X509Ptr = std::unique_ptr<X509, X509Deleter>;
-using KeyPtr = std::unique_ptr<EVP_PKEY, KeyDeleter>;
-
-KeyPtr new_key() {
-  KeyPtr key(EVP_EC_gen("P-256"));
-  if (!key) openssl_failure("EC key generation");
-  return key;
-}
-
-void add_extension(X509* cert, X509* issuer, int nid, const std::string& value) {
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
-  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
-  if (ext == nullptr) openssl_failure("extension " + value);
-  X509_add_ext(cert, ext, -1);
-  X509_EXTENSION_free(ext);
-}
-
-X509Ptr new_cert(EVP_PKEY* key, const std::string& common_name, long serial) {
-  X509Ptr cert(X509_new());
-  if (!cert) openssl_failure("X509_new");
-  X509_set_version(cert.get(), 2);
-  ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), serial);
-  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);
-  X509_gmtime_adj(X509_getm_notAfter(cert.get()), 60L * 60 * 24 * 365);
-  X509_set_pubkey(cert.get(), key);
-  X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1,
-                             0);
-  return cert;
-}
-
-std::string to_pem(X509* cert) {
-  BIO* bio = BIO_new(BIO_s_mem());
-  PEM_write_bio_X509(bio, cert);
-  char* data = nullptr;
-  long n = BIO_get_mem_data(bio, &data);
-  std::string pem(data, static_cast<size_t>(n));
-  BIO_free(bio);
-  return pem;
-}
-
-std::string key_to_pem(EVP_PKEY* key) {
-  BIO* bio = BIO_new(BIO_s_mem());
-  PEM_write_bio_PrivateKey(bio, key, nullptr, nullptr, 0, nullptr, nullptr);
-  char* data = nullptr;
-  long n = BIO_get_mem_data(bio, &data);
-  std::string pem(data, static_cast<size_t>(n));
-  BIO_free(bio);
-  return pem;
-}
+using longhaul::testing::KeyPtr;
+using longhaul::testing::X509Ptr;
 
 bool is_ip_address(const std::string& s) {
   unsigned char buf[16];
@@ -94,44 +27,33 @@ bool is_ip_address(const std::string& s) {
 std::unique_ptr<TlsContext> TlsContext::create(const std::filesystem::path& dir,
                                                const std::string& bind_address) {
   std::filesystem::create_directories(dir);
-  KeyPtr ca_key = new_key();
-  X509Ptr ca = new_cert(ca_key.get(), "longhaul-fake-apiserver-ca", 1);
-  X509_set_issuer_name(ca.get(), X509_get_subject_name(ca.get()));
-  add_extension(ca.get(), ca.get(), NID_basic_constraints, "critical,CA:TRUE");
-  add_extension(ca.get(), ca.get(), NID_key_usage, "critical,keyCertSign,cRLSign");
-  add_extension(ca.get(), ca.get(), NID_subject_key_identifier, "hash");
-  if (X509_sign(ca.get(), ca_key.get(), EVP_sha256()) == 0) openssl_failure("signing the CA");
-
-  KeyPtr server_key = new_key();
-  X509Ptr server = new_cert(server_key.get(), "longhaul-fake-apiserver", 2);
-  X509_set_issuer_name(server.get(), X509_get_subject_name(ca.get()));
+  const longhaul::testing::CertificateMaker maker(
+      "fake API server: cannot generate TLS material",
+      "run without TLS or check the OpenSSL installation");
+  KeyPtr ca_key = maker.new_key();
+  X509Ptr ca = maker.new_ca(ca_key.get(), "longhaul-fake-apiserver-ca", 1);
+  KeyPtr server_key = maker.new_key();
   std::string san = "DNS:localhost,IP:127.0.0.1,IP:::1";
   if (!bind_address.empty() && bind_address != "127.0.0.1" && bind_address != "0.0.0.0") {
     san += (is_ip_address(bind_address) ? ",IP:" : ",DNS:") + bind_address;
   }
-  add_extension(server.get(), ca.get(), NID_subject_alt_name, san);
-  add_extension(server.get(), ca.get(), NID_basic_constraints, "critical,CA:FALSE");
-  add_extension(server.get(), ca.get(), NID_key_usage, "critical,digitalSignature,keyEncipherment");
-  add_extension(server.get(), ca.get(), NID_ext_key_usage, "serverAuth");
-  add_extension(server.get(), ca.get(), NID_authority_key_identifier, "keyid:always");
-  if (X509_sign(server.get(), ca_key.get(), EVP_sha256()) == 0) {
-    openssl_failure("signing the server certificate");
-  }
+  X509Ptr server = maker.new_leaf(server_key.get(), ca.get(), ca_key.get(),
+                                  "longhaul-fake-apiserver", "", "serverAuth", san, 2);
 
   std::unique_ptr<TlsContext> tls(new TlsContext());
-  tls->ca_pem_ = to_pem(ca.get());
+  tls->ca_pem_ = longhaul::testing::cert_pem(ca.get());
   tls->ca_file_ = dir / "ca.crt";
   file::write_atomically(tls->ca_file_, tls->ca_pem_);
-  file::write_atomically(dir / "server.crt", to_pem(server.get()));
-  file::write_atomically(dir / "server.key", key_to_pem(server_key.get()));
+  file::write_atomically(dir / "server.crt", longhaul::testing::cert_pem(server.get()));
+  file::write_atomically(dir / "server.key", longhaul::testing::private_key_pem(server_key.get()));
 
   tls->ctx_ = SSL_CTX_new(TLS_server_method());
-  if (tls->ctx_ == nullptr) openssl_failure("SSL_CTX_new");
+  if (tls->ctx_ == nullptr) maker.fail("SSL_CTX_new");
   SSL_CTX_set_min_proto_version(tls->ctx_, TLS1_2_VERSION);
   if (SSL_CTX_use_certificate(tls->ctx_, server.get()) != 1 ||
       SSL_CTX_use_PrivateKey(tls->ctx_, server_key.get()) != 1 ||
       SSL_CTX_check_private_key(tls->ctx_) != 1) {
-    openssl_failure("loading the server certificate");
+    maker.fail("loading the server certificate");
   }
   return tls;
 }
