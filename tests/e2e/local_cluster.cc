@@ -5,7 +5,6 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <thread>
 
 #include <fcntl.h>
@@ -18,55 +17,17 @@
 #include <longhaul/base/log.h>
 #include <longhaul/kubelet/pod_command.h>
 
+#include "longhaul/testing/manifests.h"
+
 namespace longhaul::e2e {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      json o = json::object();
-      for (const auto& kv : node) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
-      return o;
-    }
-    case YAML::NodeType::Sequence: {
-      json a = json::array();
-      for (const auto& e : node) a.push_back(yaml_to_json(e));
-      return a;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string s = node.Scalar();
-      if (node.Tag() == "!") return s;  // quoted: always a string
-      static const std::regex int_re(R"([-+]?(0|[1-9][0-9]*))");
-      static const std::regex float_re(
-          R"([-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+)");
-      if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-      if (s == "true" || s == "True" || s == "TRUE") return true;
-      if (s == "false" || s == "False" || s == "FALSE") return false;
-      if (std::regex_match(s, int_re)) return std::stoll(s);
-      if (std::regex_match(s, float_re)) return std::stod(s);
-      return s;
-    }
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      return nullptr;
-  }
-  return nullptr;
-}
+json yaml_to_json(const YAML::Node& node) { return longhaul::testing::yaml_to_json(node); }
 
 std::vector<json> load_manifests(const fs::path& path) {
-  if (!fs::exists(path)) throw NotFound("manifest " + path.string() + " does not exist");
-  std::vector<json> out;
-  try {
-    for (const YAML::Node& doc : YAML::LoadAllFromFile(path.string())) {
-      json j = yaml_to_json(doc);
-      if (j.is_object() && !j.empty()) out.push_back(std::move(j));
-    }
-  } catch (const YAML::Exception& e) {
-    throw InvalidArgument("manifest " + path.string() + ": " + e.what());
-  }
-  return out;
+  return longhaul::testing::load_manifests(path);
 }
 
 kube::Resource resource_for(const json& object) {

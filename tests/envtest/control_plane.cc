@@ -17,12 +17,12 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/kube/cpprest_transport.h"
 #include "longhaul/testing/loopback.h"
+#include "longhaul/testing/manifests.h"
 #include "pki.h"
 
 namespace longhaul::envtest {
@@ -94,45 +94,6 @@ std::string kubeconfig_yaml(const std::string& server, const fs::path& ca, const
   return out.str();
 }
 
-json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      json o = json::object();
-      for (const auto& kv : node) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
-      return o;
-    }
-    case YAML::NodeType::Sequence: {
-      json a = json::array();
-      for (const auto& e : node) a.push_back(yaml_to_json(e));
-      return a;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() == "!") return s;  // quoted: always a string
-      if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-      if (s == "true" || s == "True" || s == "TRUE") return true;
-      if (s == "false" || s == "False" || s == "FALSE") return false;
-      // YAML 1.2 core schema numbers; anything else stays a string.
-      char* end = nullptr;
-      if (!s.empty() && s.find_first_not_of("+-0123456789") == std::string::npos) {
-        errno = 0;
-        const long long v = std::strtoll(s.c_str(), &end, 10);
-        if (errno == 0 && end != nullptr && *end == '\0') return v;
-      }
-      if (!s.empty() && s.find_first_not_of("+-0123456789.eE") == std::string::npos &&
-          s.find_first_of("0123456789") != std::string::npos) {
-        const double v = std::strtod(s.c_str(), &end);
-        if (end != nullptr && *end == '\0') return v;
-      }
-      return s;
-    }
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      return nullptr;
-  }
-  return nullptr;
-}
-
 std::string object_name(const json& object) {
   return object.value(json::json_pointer("/metadata/name"), std::string());
 }
@@ -142,24 +103,10 @@ std::string object_name(const json& object) {
 // ---- manifests ----
 
 std::vector<json> parse_manifests(const std::string& yaml_text, const std::string& origin) {
-  std::vector<json> out;
-  try {
-    for (const YAML::Node& doc : YAML::LoadAll(yaml_text)) {
-      json j = yaml_to_json(doc);
-      if (j.is_object() && !j.empty()) out.push_back(std::move(j));
-    }
-  } catch (const YAML::Exception& e) {
-    throw InvalidArgument("manifest " + origin + ": " + e.what());
-  }
-  return out;
+  return testing::parse_manifests(yaml_text, origin);
 }
 
-std::vector<json> load_manifests(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw NotFound("manifest " + path.string() + " does not exist");
-  return parse_manifests(file::read_file(path), path.string());
-}
+std::vector<json> load_manifests(const fs::path& path) { return testing::load_manifests(path); }
 
 // ---- start and stop ----
 
