@@ -21,9 +21,8 @@
 #include <longhaul/envtest/gtest.h>
 #include <longhaul/kube/informer.h>
 #include <longhaul/supervisor/checkpoint_state.h>
-#include <longhaul/supervisor/safetensors.h>
 
-#include "longhaul/testing/loopback.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "scenario_util.h"
 
 namespace longhaul::e2e {
@@ -40,7 +39,6 @@ class RealEndToEnd : public envtest::RealServerTest {
     envtest::RealServerTest::SetUp();
     if (IsSkipped()) return;
     ns = fresh_namespace();
-    root = fresh_root(::testing::UnitTest::GetInstance()->current_test_info()->name());
     LocalClusterOptions o;
     o.root = root / "cluster";
     o.operator_binary = binary_dir() / "operator/cli/longhaul-operator";
@@ -54,7 +52,6 @@ class RealEndToEnd : public envtest::RealServerTest {
   }
   void TearDown() override {
     if (cluster) cluster->stop();
-    if (!HasFailure() && !root.empty()) fs::remove_all(root);
   }
 
   std::optional<json> get(const kube::Resource& r, const std::string& name) {
@@ -109,16 +106,15 @@ class RealEndToEnd : public envtest::RealServerTest {
   }
 
   std::string ns;
-  fs::path root;
+  // Left on disk (its path on stderr) when the test failed, for its logs and logdirs.
+  longhaul::testing::TestTempDir root{"e2e"};
   std::unique_ptr<LocalCluster> cluster;
 };
 
 TEST_F(RealEndToEnd, ChiefAndWorkerSurvivePreemptionsAndANodeLossOnTheRealApiServer) {
   json job = tiny_job(/*with_worker=*/true);
   job["metadata"]["namespace"] = ns;
-  for (const char* type : {"Chief", "Worker"}) {
-    job["spec"]["replicaSpecs"][type]["template"]["spec"]["terminationGracePeriodSeconds"] = 5;
-  }
+  set_grace_period_5s(job);
   const int64_t max_steps = job_max_steps(job);
   cluster->apply(job);
   const fs::path logdir = cluster->claim_dir(ns, "tiny-logdir");
@@ -157,13 +153,7 @@ TEST_F(RealEndToEnd, ChiefAndWorkerSurvivePreemptionsAndANodeLossOnTheRealApiSer
   EXPECT_EQ(st.restart_count, 3);
   EXPECT_EQ(st.ready, "0/2");
 
-  auto state = supervisor::read_checkpoint_state(logdir);
-  ASSERT_TRUE(state) << "no checkpoint state file in " << logdir;
-  EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
-  for (const std::string& p : state->all_model_checkpoint_paths) {
-    supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
-    EXPECT_NO_THROW(r.verify_all()) << p;
-  }
+  ASSERT_TRUE(verified_final_checkpoints(logdir, max_steps));
   const std::vector<int64_t> starts =
       start_steps(read_text(cluster->kubelet().log_path(ns, chief)));
   ASSERT_EQ(starts.size(), 4u) << "chief process starts, from its log";
@@ -227,22 +217,10 @@ TEST_F(RealEndToEnd, ReplicaScopeReplacesOnlyTheLostPodsOnTheRealApiServer) {
   json job = tiny_job(/*with_worker=*/true);
   job["metadata"]["namespace"] = ns;
   job["spec"]["runPolicy"]["restartScope"] = "Replica";
-  for (const char* type : {"Chief", "Worker"}) {
-    json& pod_spec = job["spec"]["replicaSpecs"][type]["template"]["spec"];
-    pod_spec["terminationGracePeriodSeconds"] = 5;
-    json kept = json::array();
-    for (const json& a : pod_spec["containers"][0]["args"]) {
-      if (a != "--set=supervisor.on_peer_loss=exit") kept.push_back(a);
-    }
-    pod_spec["containers"][0]["args"] = kept;
-  }
-  // The chief pod serves its metrics on a free local port declared as its `metrics` port, so
-  // status.progress (the STEP column) follows the run.
-  const int metrics_port = longhaul::testing::free_loopback_port();
-  json& chief_container = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
-  chief_container["args"].push_back("--metrics-port=" + std::to_string(metrics_port));
-  chief_container["ports"] = {{{"name", "metrics"}, {"containerPort", metrics_port}}};
-  job["spec"]["progressIntervalSeconds"] = 5;
+  set_grace_period_5s(job);
+  regroup_on_peer_loss(job);
+  // The chief pod serves its metrics, so status.progress (the STEP column) follows the run.
+  serve_chief_metrics(job);
   const int64_t max_steps = job_max_steps(job);
   StatusHistory history(std::make_shared<kube::HttpClient>(plane().admin_config()), ns, "tiny");
   cluster->apply(job);
@@ -343,13 +321,7 @@ TEST_F(RealEndToEnd, ReplicaScopeReplacesOnlyTheLostPodsOnTheRealApiServer) {
 
   // The logdir: the final checkpoint, every retained one valid, events files whose sessions
   // start at steps that never go back.
-  auto state = supervisor::read_checkpoint_state(logdir);
-  ASSERT_TRUE(state) << "no checkpoint state file in " << logdir;
-  EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
-  for (const std::string& p : state->all_model_checkpoint_paths) {
-    supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
-    EXPECT_NO_THROW(r.verify_all()) << p;
-  }
+  ASSERT_TRUE(verified_final_checkpoints(logdir, max_steps));
   const std::vector<int64_t> sessions = session_start_steps(logdir);
   ASSERT_FALSE(sessions.empty());
   EXPECT_EQ(sessions.front(), 0);

@@ -19,9 +19,8 @@
 #include <longhaul/supervisor/checkpoint_state.h>
 #include <longhaul/supervisor/event.pb.h>
 #include <longhaul/supervisor/events.h>
-#include <longhaul/supervisor/safetensors.h>
 
-#include "longhaul/testing/loopback.h"
+#include "longhaul/testing/test_temp_dir.h"
 #include "scenario_util.h"
 
 namespace longhaul::e2e {
@@ -34,7 +33,6 @@ using namespace longhaul::e2e::testing;
 class EndToEnd : public ::testing::Test {
  protected:
   void SetUp() override {
-    root = fresh_root(::testing::UnitTest::GetInstance()->current_test_info()->name());
     LocalClusterOptions o;
     o.root = root / "cluster";
     o.operator_binary = binary_dir() / "operator/cli/longhaul-operator";
@@ -43,10 +41,7 @@ class EndToEnd : public ::testing::Test {
     cluster = std::make_unique<LocalCluster>(o);
     cluster->start();
   }
-  void TearDown() override {
-    cluster->stop();
-    if (!HasFailure()) fs::remove_all(root);
-  }
+  void TearDown() override { cluster->stop(); }
 
   api::TrainingJobStatus status() {
     auto job = cluster->api().try_get(kJobs, "default", "tiny");
@@ -80,18 +75,20 @@ class EndToEnd : public ::testing::Test {
   // checkpoint.max_to_keep (3) checkpoints, each of which verifies.
   std::optional<supervisor::CheckpointState> final_checkpoint_state(const fs::path& logdir,
                                                                     int64_t max_steps) {
-    auto state = supervisor::read_checkpoint_state(logdir);
-    if (!state) {
-      ADD_FAILURE() << "no checkpoint state file in " << logdir;
-      return state;
-    }
-    EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
-    EXPECT_EQ(state->all_model_checkpoint_paths.size(), 3u);  // checkpoint.max_to_keep
-    for (const std::string& p : state->all_model_checkpoint_paths) {
-      supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
-      EXPECT_NO_THROW(r.verify_all()) << p;
+    auto state = verified_final_checkpoints(logdir, max_steps);
+    if (state) {
+      EXPECT_EQ(state->all_model_checkpoint_paths.size(), 3u);  // checkpoint.max_to_keep
     }
     return state;
+  }
+  // The job recovered for the `n`th time (Recovering back to False): `replaced` runs again at
+  // restart attempt `replaced_attempt` while `kept` still runs at `kept_attempt`.
+  bool recovered_in_place(int n, const std::string& replaced, int64_t replaced_attempt,
+                          const std::string& kept, int64_t kept_attempt) {
+    const auto s = status();
+    const auto* c = api::find_condition(s, api::condition::kRecovering);
+    return s.recoveries == n && c && c->status == "False" &&
+           pod_running_at(replaced, replaced_attempt) && pod_running_at(kept, kept_attempt);
   }
   std::string context() {
     return "\njob status: " + api::to_json(status()).dump() + "\noperator log tail:\n" +
@@ -99,7 +96,8 @@ class EndToEnd : public ::testing::Test {
            tail(cluster->kubelet().log_path("default", "tiny-chief-0"), 3000);
   }
 
-  fs::path root;
+  // Left on disk (its path on stderr) when the test failed, for its logs and logdirs.
+  longhaul::testing::TestTempDir root{"e2e"};
   std::unique_ptr<LocalCluster> cluster;
 };
 
@@ -166,12 +164,8 @@ TEST_F(EndToEnd, ChiefOnlyJobSurvivesTwoPreemptionsAndANodeLossAndMatchesAnUnint
   EXPECT_EQ(session_start_steps(logdir), starts);
 
   // 7. The same config run straight through gives the same parameters.
-  const fs::path reference = root / "reference";
-  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", args, reference,
-                              root / "reference.log", 300s);
-  ASSERT_EQ(code, 0) << tail(root / "reference.log", 3000);
-  expect_same_tensors(checkpoint_file(logdir, state->model_checkpoint_path),
-                      reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
+  expect_matches_uninterrupted_run(
+      args, root, checkpoint_file(logdir, state->model_checkpoint_path), max_steps);
 }
 
 // Data-parallel replicas need worker/distributed (issue 5), which CMake enables with the e2e suite;
@@ -197,19 +191,12 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   json job = tiny_job(/*with_worker=*/true);
   // The lost worker's pod is deleted by the group restart with this grace, then force-deleted
   // nodeLostTimeoutSeconds later.
-  for (const char* type : {"Chief", "Worker"}) {
-    job["spec"]["replicaSpecs"][type]["template"]["spec"]["terminationGracePeriodSeconds"] = 5;
-  }
+  set_grace_period_5s(job);
   const int64_t max_steps = job_max_steps(job);
   const std::vector<std::string> args = container_args(job);
-  // The chief serves its metrics on a free local port (the local kubelet does not rewrite
-  // literal ports; only the chief serves, so no two pods collide); the operator reads its
-  // progress from there into status.progress (the STEP and LAST-CKPT columns).
-  const int metrics_port = longhaul::testing::free_loopback_port();
-  json& chief_container = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
-  chief_container["args"].push_back("--metrics-port=" + std::to_string(metrics_port));
-  chief_container["ports"] = {{{"name", "metrics"}, {"containerPort", metrics_port}}};
-  job["spec"]["progressIntervalSeconds"] = 5;
+  // The operator reads the chief's progress into status.progress (the STEP and LAST-CKPT
+  // columns). The reference run below does not serve metrics: its args are taken before.
+  serve_chief_metrics(job);
   cluster->apply(job);
   const fs::path logdir = cluster->claim_dir("default", "tiny-logdir");
   const std::string chief = "tiny-chief-0", worker = "tiny-worker-0";
@@ -283,12 +270,8 @@ TEST_F(EndToEnd, ChiefAndWorkerSurvivePreemptionsAndTheWorkersNodeLossAndMatchAn
   // same data shards per rank), never disrupted.
   std::vector<std::string> launch = {"launch", "--replicas", "2", "--"};
   launch.insert(launch.end(), args.begin(), args.end());
-  const fs::path reference = root / "reference";
-  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", launch, reference,
-                              root / "reference.log", 300s);
-  ASSERT_EQ(code, 0) << tail(root / "reference.log", 3000);
-  expect_same_tensors(checkpoint_file(logdir, state->model_checkpoint_path),
-                      reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
+  expect_matches_uninterrupted_run(
+      launch, root, checkpoint_file(logdir, state->model_checkpoint_path), max_steps);
 }
 
 // restartScope Replica with real workers regrouping in place (supervisor.on_peer_loss: regroup,
@@ -302,16 +285,8 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
   }
   json job = tiny_job(/*with_worker=*/true);
   job["spec"]["runPolicy"]["restartScope"] = "Replica";
-  for (const char* type : {"Chief", "Worker"}) {
-    json& pod_spec = job["spec"]["replicaSpecs"][type]["template"]["spec"];
-    pod_spec["terminationGracePeriodSeconds"] = 5;
-    json& args = pod_spec["containers"][0]["args"];
-    json kept = json::array();
-    for (const json& a : args) {
-      if (a != "--set=supervisor.on_peer_loss=exit") kept.push_back(a);
-    }
-    args = kept;
-  }
+  set_grace_period_5s(job);
+  regroup_on_peer_loss(job);
   const int64_t max_steps = job_max_steps(job);
   const std::vector<std::string> args = container_args(job);
   cluster->apply(job);
@@ -330,14 +305,7 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
       << context();
   const std::string chief_uid = uid_of(chief);
   cluster->kubelet().preempt("default", worker);
-  ASSERT_TRUE(eventually(
-      [&] {
-        const auto s = status();
-        const auto* c = api::find_condition(s, api::condition::kRecovering);
-        return s.recoveries == 1 && c && c->status == "False" && pod_running_at(worker, 1) &&
-               pod_running_at(chief, 0);
-      },
-      180s))
+  ASSERT_TRUE(eventually([&] { return recovered_in_place(1, worker, 1, chief, 0); }, 180s))
       << context();
   EXPECT_EQ(uid_of(chief), chief_uid) << "the chief's pod was re-created";
   RecordProperty("worker_preempted_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
@@ -346,14 +314,7 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
   ASSERT_TRUE(eventually([&] { return latest() >= max_steps / 2; }, 180s)) << context();
   std::string worker_uid = uid_of(worker);
   cluster->kubelet().preempt("default", chief);
-  ASSERT_TRUE(eventually(
-      [&] {
-        const auto s = status();
-        const auto* c = api::find_condition(s, api::condition::kRecovering);
-        return s.recoveries == 2 && c && c->status == "False" && pod_running_at(chief, 2) &&
-               pod_running_at(worker, 1);
-      },
-      180s))
+  ASSERT_TRUE(eventually([&] { return recovered_in_place(2, chief, 2, worker, 1); }, 180s))
       << context();
   EXPECT_EQ(uid_of(worker), worker_uid) << "the worker's pod was re-created";
   RecordProperty("chief_preempted_recovery_ms", status().last_recovery_milliseconds.value_or(-1));
@@ -367,14 +328,7 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
   kubelet::LoseNodeOptions lose;
   lose.evict_after = 1s;
   cluster->kubelet().lose_node(lost, lose);
-  ASSERT_TRUE(eventually(
-      [&] {
-        const auto s = status();
-        const auto* c = api::find_condition(s, api::condition::kRecovering);
-        return s.recoveries == 3 && c && c->status == "False" && pod_running_at(worker, 3) &&
-               pod_running_at(chief, 2);
-      },
-      240s))
+  ASSERT_TRUE(eventually([&] { return recovered_in_place(3, worker, 3, chief, 2); }, 240s))
       << context();
   EXPECT_EQ(uid_of(chief), chief_uid2) << "the chief's pod was re-created";
   // Includes the eviction grace (5 s) and nodeLostTimeoutSeconds (1 s here): the pod on the dead
@@ -395,12 +349,8 @@ TEST_F(EndToEnd, ReplicaScopeReplacesOnlyTheLostReplicaThroughPreemptionsAndANod
   ASSERT_TRUE(state);
   std::vector<std::string> launch = {"launch", "--replicas", "2", "--"};
   launch.insert(launch.end(), args.begin(), args.end());
-  const fs::path reference = root / "reference";
-  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", launch, reference,
-                              root / "reference.log", 300s);
-  ASSERT_EQ(code, 0) << tail(root / "reference.log", 3000);
-  expect_same_tensors(checkpoint_file(logdir, state->model_checkpoint_path),
-                      reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
+  expect_matches_uninterrupted_run(
+      launch, root, checkpoint_file(logdir, state->model_checkpoint_path), max_steps);
 }
 
 }  // namespace

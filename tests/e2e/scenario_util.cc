@@ -19,6 +19,8 @@
 #include <longhaul/supervisor/events.h>
 #include <longhaul/supervisor/safetensors.h>
 
+#include "longhaul/testing/loopback.h"
+
 namespace longhaul::e2e::testing {
 
 fs::path binary_dir() {
@@ -29,13 +31,6 @@ fs::path binary_dir() {
 fs::path source_dir() {
   const char* env = std::getenv("LONGHAUL_SOURCE_DIR");
   return env ? fs::path(env) : fs::path(LONGHAUL_TEST_SOURCE_DIR);
-}
-
-fs::path fresh_root(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("lh-e2e-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
 }
 
 std::string read_text(const fs::path& path) {
@@ -58,6 +53,32 @@ json tiny_job(bool with_worker) {
   }
   ADD_FAILURE() << "examples/trainingjob-tiny.yaml holds no TrainingJob";
   return json::object();
+}
+
+void set_grace_period_5s(json& job) {
+  for (const char* type : {"Chief", "Worker"}) {
+    job["spec"]["replicaSpecs"][type]["template"]["spec"]["terminationGracePeriodSeconds"] = 5;
+  }
+}
+
+void regroup_on_peer_loss(json& job) {
+  for (const char* type : {"Chief", "Worker"}) {
+    json& args = job["spec"]["replicaSpecs"][type]["template"]["spec"]["containers"][0]["args"];
+    json kept = json::array();
+    for (const json& a : args) {
+      if (a != "--set=supervisor.on_peer_loss=exit") kept.push_back(a);
+    }
+    args = kept;
+  }
+}
+
+int serve_chief_metrics(json& job) {
+  const int port = longhaul::testing::free_loopback_port();
+  json& chief = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
+  chief["args"].push_back("--metrics-port=" + std::to_string(port));
+  chief["ports"] = {{{"name", "metrics"}, {"containerPort", port}}};
+  job["spec"]["progressIntervalSeconds"] = 5;
+  return port;
 }
 
 std::vector<std::string> container_args(const json& job) {
@@ -187,6 +208,32 @@ int run_worker(const fs::path& worker, const std::vector<std::string>& args, con
     return -1;
   }
   return *code;
+}
+
+std::optional<supervisor::CheckpointState> verified_final_checkpoints(const fs::path& logdir,
+                                                                      int64_t max_steps) {
+  auto state = supervisor::read_checkpoint_state(logdir);
+  if (!state) {
+    ADD_FAILURE() << "no checkpoint state file in " << logdir;
+    return state;
+  }
+  EXPECT_EQ(step_of(state->model_checkpoint_path), max_steps);
+  for (const std::string& p : state->all_model_checkpoint_paths) {
+    supervisor::SafetensorsReader r(checkpoint_file(logdir, p));
+    EXPECT_NO_THROW(r.verify_all()) << p;
+  }
+  return state;
+}
+
+void expect_matches_uninterrupted_run(const std::vector<std::string>& worker_args,
+                                      const fs::path& work_dir, const fs::path& checkpoint,
+                                      int64_t max_steps) {
+  const fs::path reference = work_dir / "reference";
+  const int code = run_worker(binary_dir() / "worker/cli/longhaul-worker", worker_args, reference,
+                              work_dir / "reference.log", std::chrono::seconds(300));
+  ASSERT_EQ(code, 0) << tail(work_dir / "reference.log", 3000);
+  expect_same_tensors(checkpoint,
+                      reference / ("model.ckpt-" + std::to_string(max_steps) + ".safetensors"));
 }
 
 void expect_same_tensors(const fs::path& a, const fs::path& b) {

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <longhaul/supervisor/checkpoint_state.h>
+
 namespace longhaul::e2e::testing {
 
 using json = nlohmann::json;
@@ -21,14 +23,22 @@ inline constexpr const char* kJobs = "trainingjobs.longhaul.dev";
 
 fs::path binary_dir();  // $LONGHAUL_BINARY_DIR
 fs::path source_dir();  // $LONGHAUL_SOURCE_DIR
-// A fresh, empty directory for one test.
-fs::path fresh_root(const std::string& name);
 std::string read_text(const fs::path& path);
 std::string tail(const fs::path& path, size_t bytes);
 
 // The TrainingJob of examples/trainingjob-tiny.yaml, without its Worker replicas unless
 // `with_worker`, with nodeLostTimeoutSeconds 1 so a lost node costs seconds, not minutes.
 json tiny_job(bool with_worker);
+// Both templates' pods get a 5 s grace period (a lost pod is deleted with it, then force-deleted
+// nodeLostTimeoutSeconds later).
+void set_grace_period_5s(json& job);
+// Drops --set=supervisor.on_peer_loss=exit from both templates: workers regroup in place when a
+// peer is lost (the worker's default).
+void regroup_on_peer_loss(json& job);
+// The chief serves its metrics on a free local port declared as its `metrics` container port (the
+// local kubelet does not rewrite literal ports; only the chief serves, so no two pods collide),
+// and the operator reads its progress into status.progress every 5 s. Returns the port.
+int serve_chief_metrics(json& job);
 // The first container's args of the Chief template, and the max_steps they set.
 std::vector<std::string> container_args(const json& job);
 int64_t job_max_steps(const json& job);
@@ -54,6 +64,18 @@ std::vector<int64_t> session_start_steps(const fs::path& logdir);
 // with a pod's bit for bit; returns the exit code (-1 on timeout, after killing it).
 int run_worker(const fs::path& worker, const std::vector<std::string>& args, const fs::path& logdir,
                const fs::path& log, std::chrono::milliseconds timeout);
+
+// The logdir of a job that succeeded: the state file names checkpoint `max_steps`, and every
+// checkpoint it retains verifies. nullopt (and a test failure) without a state file.
+std::optional<supervisor::CheckpointState> verified_final_checkpoints(const fs::path& logdir,
+                                                                      int64_t max_steps);
+
+// The same training run straight through, never disrupted: longhaul-worker `worker_args` into
+// `work_dir`/reference (its output in `work_dir`/reference.log); its final checkpoint must hold
+// the same tensors as `checkpoint`. A failed reference run is a fatal failure.
+void expect_matches_uninterrupted_run(const std::vector<std::string>& worker_args,
+                                      const fs::path& work_dir, const fs::path& checkpoint,
+                                      int64_t max_steps);
 
 // Every tensor of `a` is in `b` with the same dtype and shape, and F32 values agree within
 // 1e-5 absolute + 1e-5 relative (fp32 rounding); other dtypes byte for byte.
