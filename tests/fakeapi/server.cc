@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <regex>
+#include <utility>
 
 #include <longhaul/base/file.h>
 #include <longhaul/base/log.h>
@@ -974,6 +975,11 @@ size_t FakeApiServer::requests_in_flight() const { return impl_->in_flight.load(
 void FakeApiServer::clear_requests() {
   std::lock_guard<std::mutex> lock(impl_->log_mu);
   impl_->log.clear();
+}
+
+std::vector<RequestRecord> FakeApiServer::take_requests() {
+  std::lock_guard<std::mutex> lock(impl_->log_mu);
+  return std::exchange(impl_->log, {});
 }
 
 int FakeApiServer::add_fault(const FaultRule& rule) {

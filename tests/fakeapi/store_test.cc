@@ -648,6 +648,16 @@ TEST_F(FakeApiTest, RequestLogCountsVerbsAndWrites) {
   EXPECT_EQ(log[4].name, "a");
   server_->clear_requests();
   EXPECT_EQ(server_->count_requests({.write = true}), 0u);
+  // take_requests hands over what was answered since and starts the log afresh.
+  client_->get(kPods + "/b");
+  create_pod("c");
+  log = server_->take_requests();
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].verb, "get");
+  EXPECT_EQ(log[1].verb, "create");
+  EXPECT_TRUE(log[1].write);
+  EXPECT_EQ(server_->count_requests(), 0u);
+  EXPECT_TRUE(server_->take_requests().empty());
 }
 
 TEST_F(FakeApiTest, ConcurrentClientsGetUniqueVersionsAndConflictsNotLostUpdates) {

@@ -3,83 +3,20 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "harness.h"
 #include "longhaul/testing/eventually.h"
 #include "longhaul/testing/loopback.h"
 #include "longhaul/testing/temp_dir.h"
+#include "operator_process.h"
 
 namespace longhaul::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-class OperatorProcess {
- public:
-  OperatorProcess(const fs::path& dir, const std::string& name, std::vector<std::string> args)
-      : metrics_port_(testing::free_loopback_port()), health_port_(testing::free_loopback_port()) {
-    args.insert(args.begin(), LONGHAUL_OPERATOR_BINARY);
-    args.push_back("--kubeconfig=" + (dir / "kubeconfig").string());
-    args.push_back("--metrics-port=" + std::to_string(metrics_port_));
-    args.push_back("--health-port=" + std::to_string(health_port_));
-    args.push_back("--bind-address=127.0.0.1");
-    args.push_back("--identity=" + name);
-    if (std::none_of(args.begin(), args.end(),
-                     [](const std::string& a) { return a.rfind("--qps", 0) == 0; })) {
-      args.push_back("--qps=0");
-    }
-    log_ = dir / (name + ".log");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
-  ~OperatorProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  void kill(int sig) { ::kill(pid_, sig); }
-  // Waits for the process to exit; returns its exit status, or -1 on timeout.
-  int wait_exit(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(20ms);  // polling a child's exit; the deadline bounds it
-    }
-    return -1;
-  }
-  std::string metrics() { return testing::http_get(metrics_port_, "/metrics").body; }
-  int health(const std::string& path) { return testing::http_get(health_port_, path).status; }
-  std::string log() {
-    std::ifstream in(log_);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-
- private:
-  int metrics_port_, health_port_;
-  fs::path log_;
-  pid_t pid_ = -1;
-};
 
 // For state outside the fake server (processes, ports), which has no change hook to wait on.
 using longhaul::testing::eventually;

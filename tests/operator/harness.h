@@ -1,5 +1,6 @@
-// Scenario-test harness: a FakeApiServer on a real socket, the operator's real HttpClient, and a
-// simulated kubelet that runs on a thread of its own: it marks new pods Running and Ready (when
+// Scenario-test harness: a FakeApiServer on a real socket, the operator's real HttpClient, the
+// controller in-process (FakeServerScenario), and a simulated kubelet that runs on a thread of its
+// own: it marks new pods Running and Ready (when
 // auto_run is on) and finalizes the deletion of terminating pods, except pods the test marks as
 // stuck on a lost node. Tests change pod status through the fake server's store, as a kubelet
 // would, and wait on conditions with deadlines.
@@ -12,17 +13,21 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/controller/controller.h"
 #include "longhaul/fakeapi/server.h"
 #include "longhaul/kube/http_client.h"
+#include "scenario.h"
 
 namespace longhaul::testing {
 
@@ -119,19 +124,54 @@ inline std::shared_ptr<kube::HttpClient> make_client(const fakeapi::FakeApiServe
 
 // A job of one Chief and `workers` Workers whose containers run image "lh" with fast backoff.
 inline json job_manifest(const std::string& name, int workers = 2) {
-  json container = {{"name", "trainer"}, {"image", "lh"}};
-  json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
-  return {
-      {"apiVersion", "longhaul.dev/v1alpha1"},
-      {"kind", "TrainingJob"},
-      {"metadata", {{"name", name}, {"namespace", "default"}}},
-      {"spec",
-       {{"replicaSpecs",
-         {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
-          {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
-        {"runPolicy",
-         {{"restartScope", "Group"}, {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+  json job = training_job_manifest(name, workers, {{"name", "trainer"}, {"image", "lh"}});
+  job["metadata"]["namespace"] = "default";
+  return job;
 }
+
+// The operator's writes to `server` since the last call, as "METHOD path", for
+// expect_forced_reconciles_write_nothing.
+inline std::vector<std::string> take_writes(fakeapi::FakeApiServer& server) {
+  std::vector<std::string> writes;
+  for (const auto& r : server.take_requests()) {
+    if (r.write) writes.push_back(r.method + " " + r.path);
+  }
+  return writes;
+}
+
+// A fixture with the fake API server, the operator's client and the simulated kubelet running,
+// and the controller started on demand (in-process, as the binary wires it), stopped and joined
+// in TearDown on every path.
+class FakeServerScenario : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server.start();
+    client = make_client(server);
+    kubelet = std::make_unique<FakeKubelet>(server);
+  }
+  void TearDown() override {
+    if (ctl) ctl->stop();
+    kubelet->stop();
+    client->close();
+    server.stop();
+  }
+  // Starts the controller with scenario_controller_options, changed by `tweak`, and its workers
+  // once its caches are in sync.
+  void start_operator(const std::function<void(controller::ControllerOptions&)>& tweak = {}) {
+    controller::ControllerOptions o = scenario_controller_options(reconciles);
+    if (tweak) tweak(o);
+    ctl = std::make_unique<controller::Controller>(client, nullptr, o);
+    ctl->start();
+    ASSERT_TRUE(ctl->wait_for_sync(30s));
+    ctl->start_workers();
+  }
+
+  fakeapi::FakeApiServer server{server_options()};
+  std::shared_ptr<kube::HttpClient> client;
+  std::unique_ptr<FakeKubelet> kubelet;
+  std::unique_ptr<controller::Controller> ctl;
+  std::atomic<int> reconciles{0};
+};
 
 inline api::TrainingJobStatus job_status(const fakeapi::FakeApiServer& s, const std::string& n) {
   auto job = s.try_get(kJobs, "default", n);

@@ -16,14 +16,9 @@
 //   watching a new kind only at its periodic rediscovery (30 s): deadlines allow for that.
 // - Every test runs in its own namespace with its own operator watching only that namespace.
 #include <filesystem>
-#include <fstream>
 #include <map>
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "longhaul/api/trainingjob.h"
 #include "longhaul/base/http_server.h"
@@ -31,6 +26,8 @@
 #include "longhaul/envtest/fake_kubelet.h"
 #include "longhaul/envtest/gtest.h"
 #include "longhaul/testing/loopback.h"
+#include "operator_process.h"
+#include "scenario.h"
 
 namespace longhaul::testing {
 namespace {
@@ -45,32 +42,13 @@ using envtest::FakeKubelet;
 const kube::Resource& kJobs = kube::resources::kTrainingJobs;
 
 json job_manifest(const std::string& name, int workers = 2) {
-  json container = {{"name", "trainer"}, {"image", "registry.example.com/lh:1"}};
-  json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
-  return {
-      {"apiVersion", "longhaul.dev/v1alpha1"},
-      {"kind", "TrainingJob"},
-      {"metadata", {{"name", name}}},
-      {"spec",
-       {{"replicaSpecs",
-         {{"Chief", {{"replicas", 1}, {"template", tmpl}}},
-          {"Worker", {{"replicas", workers}, {"template", tmpl}}}}},
-        {"runPolicy",
-         {{"restartScope", "Group"}, {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+  return training_job_manifest(name, workers,
+                               {{"name", "trainer"}, {"image", "registry.example.com/lh:1"}});
 }
 
-// Polls `pred` until true or the deadline: the real server offers no change hook to wait on.
+// The real server offers no change hook to wait on: polled every 25 ms.
 bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    try {
-      if (pred()) return true;
-    } catch (const kube::ApiError&) {
-      // An object changed under the predicate: look again.
-    }
-    std::this_thread::sleep_for(25ms);
-  }
-  return pred();
+  return eventually_on_server(pred, timeout, 25ms);
 }
 
 class RealScenario : public envtest::RealServerTest {
@@ -95,13 +73,8 @@ class RealScenario : public envtest::RealServerTest {
     co.max_backoff = 500ms;
     co.max_retries = 20;
     operator_client = std::make_shared<kube::HttpClient>(plane().admin_config(), co);
-    ControllerOptions o;
+    ControllerOptions o = scenario_controller_options(reconciles);
     o.namespaces = {ns};
-    o.workers = 2;
-    o.watch_timeout = 30s;
-    o.retry_base_delay = 20ms;
-    o.retry_max_delay = 500ms;
-    o.on_reconcile = [this](std::string_view, double) { ++reconciles; };
     ctl = std::make_unique<Controller>(operator_client, nullptr, o);
     ctl->start();
     ASSERT_TRUE(ctl->wait_for_sync(30s));
@@ -181,6 +154,21 @@ class RealScenario : public envtest::RealServerTest {
     }
     for (const auto& [name, n] : created)
       EXPECT_EQ(n, 1) << name << " was created " << n << " times";
+  }
+  // What a kubelet reports when the trainer container of `pod` restarted in place: restart count
+  // 1, running and ready again.
+  void restart_container_in_place(const std::string& pod) {
+    admin->patch(kube::resources::kPods, ns, pod,
+                 {{"status",
+                   {{"containerStatuses",
+                     {{{"name", "trainer"},
+                       {"image", "registry.example.com/lh:1"},
+                       {"imageID", ""},
+                       {"ready", true},
+                       {"restartCount", 1},
+                       {"state", {{"running", json::object()}}},
+                       {"lastState", json::object()}}}}}}},
+                 kube::PatchType::kMerge, /*status_subresource=*/true);
   }
   static size_t count(const std::vector<std::string>& writes, const std::string& prefix,
                       const std::string& suffix) {
@@ -533,22 +521,10 @@ TEST_F(RealScenario, NoWritesOnceConverged) {
   create(job_manifest("j"));
   ASSERT_TRUE(eventually([&] { return running("j", 3, 0) && status().ready == "3/3"; }));
   ASSERT_TRUE(eventually([&] { return saw_event("AllReplicasRunning"); }));
-  // Converged: a forced reconcile writes nothing. Work still in flight from the last changes
-  // may write in the first round; from then on every round must be write-free.
-  operator_writes();
-  std::vector<std::string> writes;
-  int quiet_rounds = 0;
-  for (int round = 0; round < 5 && quiet_rounds < 3; ++round) {
-    const int before = reconciles.load();
-    ctl->enqueue(ns + "/j");
-    ASSERT_TRUE(eventually([&] { return reconciles.load() > before; }));
-    writes = operator_writes();
-    quiet_rounds = writes.empty() ? quiet_rounds + 1 : 0;
-    if (!writes.empty() && round > 0) {
-      ADD_FAILURE() << "writes after convergence:\n" << ::testing::PrintToString(writes);
-    }
-  }
-  EXPECT_EQ(quiet_rounds, 3) << ::testing::PrintToString(writes);
+  // Converged: a forced reconcile writes nothing.
+  ASSERT_NO_FATAL_FAILURE(expect_forced_reconciles_write_nothing(
+      *ctl, reconciles, [&] { return operator_writes(); }, ns + "/j", /*max_rounds=*/5,
+      /*quiet_rounds=*/3));
 }
 
 // The largest supported job (1000 Workers and a Chief) on the real API server, with pods in
@@ -589,19 +565,7 @@ TEST_F(RealScenario, ThousandReplicasKeepStatusBoundedAcrossOperatorRestarts) {
   kubelet->set_auto_run(false);
   for (int i = 100; i < 110; ++i) kubelet->preempt(worker(i));
   for (int i = 200; i < 210; ++i) kubelet->terminate(worker(i), 137);
-  for (int i = 300; i < 310; ++i) {
-    admin->patch(kube::resources::kPods, ns, worker(i),
-                 {{"status",
-                   {{"containerStatuses",
-                     {{{"name", "trainer"},
-                       {"image", "registry.example.com/lh:1"},
-                       {"imageID", ""},
-                       {"ready", true},
-                       {"restartCount", 1},
-                       {"state", {{"running", json::object()}}},
-                       {"lastState", json::object()}}}}}}},
-                 kube::PatchType::kMerge, true);
-  }
+  for (int i = 300; i < 310; ++i) restart_container_in_place(worker(i));
   for (int i = 400; i < 420; ++i) {
     admin->patch(kube::resources::kPods, ns, worker(i),
                  {{"status",
@@ -666,18 +630,9 @@ TEST_F(RealScenario, ThousandReplicasKeepStatusBoundedAcrossOperatorRestarts) {
   for (const json& e : events["items"]) EXPECT_LT(e.value("message", "").size(), 600u);
 
   // Converged: forced reconciles write nothing.
-  operator_writes();
-  int quiet_rounds = 0;
-  std::vector<std::string> after;
-  for (int round = 0; round < 4 && quiet_rounds < 2; ++round) {
-    const int before = reconciles.load();
-    ctl->enqueue(ns + "/big");
-    ASSERT_TRUE(eventually([&] { return reconciles.load() > before; }));
-    after = operator_writes();
-    quiet_rounds = after.empty() ? quiet_rounds + 1 : 0;
-    if (!after.empty() && round > 0) ADD_FAILURE() << ::testing::PrintToString(after);
-  }
-  EXPECT_EQ(quiet_rounds, 2) << ::testing::PrintToString(after);
+  ASSERT_NO_FATAL_FAILURE(expect_forced_reconciles_write_nothing(
+      *ctl, reconciles, [&] { return operator_writes(); }, ns + "/big", /*max_rounds=*/4,
+      /*quiet_rounds=*/2));
 }
 
 // An operator upgraded in place finds status written by its previous version (status.pods: a
@@ -692,17 +647,7 @@ TEST_F(RealScenario, StatusOfThePreviousOperatorVersionIsReadOnUpgrade) {
   ASSERT_TRUE(eventually([&] { return running("j", 3, 0) && status().ready == "3/3"; }));
   ctl->stop();
   ctl.reset();
-  admin->patch(kube::resources::kPods, ns, "j-worker-1",
-               {{"status",
-                 {{"containerStatuses",
-                   {{{"name", "trainer"},
-                     {"image", "registry.example.com/lh:1"},
-                     {"imageID", ""},
-                     {"ready", true},
-                     {"restartCount", 1},
-                     {"state", {{"running", json::object()}}},
-                     {"lastState", json::object()}}}}}}},
-               kube::PatchType::kMerge, true);
+  restart_container_in_place("j-worker-1");
   json job = admin->get(kJobs, ns, "j");
   json& st = job["status"];
   st.erase("unsettledPods");
@@ -790,53 +735,6 @@ TEST_F(RealScenario, ChiefProgressFromItsMetricsShowsInKubectlGet) {
 
 // ---- the longhaul-operator binary on the real server ----
 
-class OperatorProcess {
- public:
-  OperatorProcess(const fs::path& kubeconfig, const fs::path& log, const std::string& identity,
-                  std::vector<std::string> args)
-      : health_port_(free_loopback_port()), log_(log) {
-    args.insert(args.begin(), LONGHAUL_OPERATOR_BINARY);
-    args.push_back("--kubeconfig=" + kubeconfig.string());
-    args.push_back("--metrics-port=0");
-    args.push_back("--health-port=" + std::to_string(health_port_));
-    args.push_back("--bind-address=127.0.0.1");
-    args.push_back("--identity=" + identity);
-    args.push_back("--qps=0");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
-  ~OperatorProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  void kill_hard() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  bool ready() { return http_get(health_port_, "/readyz").status == 200; }
-  std::string log() {
-    std::ifstream in(log_);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-
- private:
-  int health_port_;
-  fs::path log_;
-  pid_t pid_ = -1;
-};
-
 class RealBinary : public RealScenario {
  protected:
   void SetUp() override {
@@ -862,8 +760,7 @@ class RealBinary : public RealScenario {
                                        std::vector<std::string> extra) {
     extra.push_back("--namespace=" + ns);
     extra.push_back("--lease-namespace=" + ns);
-    return std::make_unique<OperatorProcess>(dir / "kubeconfig", dir / (identity + ".log"),
-                                             identity, extra);
+    return std::make_unique<OperatorProcess>(dir, identity, extra);
   }
   std::string lease_holder() {
     const kube::Resource leases{"coordination.k8s.io", "v1", "leases", true, "Lease"};

@@ -5,7 +5,6 @@
 // Controller over a kube::HttpClient, as the binary wires it); no kubelet runs unless a test
 // starts one, so pods stay Pending unless the test writes their status as a kubelet would.
 #include <atomic>
-#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -15,6 +14,8 @@
 #include "longhaul/envtest/gtest.h"
 #include "longhaul/kube/leader_election.h"
 #include "longhaul/kubelet/local_kubelet.h"
+#include "longhaul/testing/test_temp_dir.h"
+#include "scenario.h"
 
 namespace longhaul::envtest {
 namespace {
@@ -28,31 +29,12 @@ json job_manifest(const std::string& name, int workers,
                   const json& container_patch = json::object()) {
   json container = {{"name", "trainer"}, {"image", "ghcr.io/longhaul-dev/longhaul-worker:0.1.0"}};
   container.merge_patch(container_patch);
-  json tmpl = {{"spec", {{"containers", {container}}, {"terminationGracePeriodSeconds", 5}}}};
-  json specs = {{"Worker", {{"replicas", workers}, {"template", tmpl}}}};
-  specs["Chief"] = {{"replicas", 1}, {"template", tmpl}};
-  return {
-      {"apiVersion", "longhaul.dev/v1alpha1"},
-      {"kind", "TrainingJob"},
-      {"metadata", {{"name", name}}},
-      {"spec",
-       {{"replicaSpecs", specs},
-        {"runPolicy",
-         {{"restartScope", "Group"}, {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}}}}}};
+  return longhaul::testing::training_job_manifest(name, workers, container);
 }
 
-// Polls `pred` (reads from the real server) until true or the deadline.
+// Polls `pred` (reads from the real server) every 100 ms until true or the deadline.
 bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    try {
-      if (pred()) return true;
-    } catch (const std::exception&) {
-      // Not there yet.
-    }
-    std::this_thread::sleep_for(100ms);  // polling the real server; the deadline bounds it
-  }
-  return pred();
+  return longhaul::testing::eventually_on_server(pred, timeout, 100ms);
 }
 
 class OperatorRealTest : public RealServerTest {
@@ -287,9 +269,9 @@ TEST_F(OperatorRealTest, DeposedLeaderStopsCreatingPods) {
 // kube-node-lease (the pod garbage collector deletes pods bound to unknown nodes), binds and
 // runs a pod of any namespace, and reports it Succeeded.
 TEST_F(OperatorRealTest, LocalKubeletRegistersNodesAndRunsPodsOnTheRealServer) {
-  const auto root = std::filesystem::temp_directory_path() / ("lh-real-kubelet-" + ns);
+  const longhaul::testing::TestTempDir root("real_kubelet");
   kubelet::KubeletOptions o;
-  o.root = root;
+  o.root = root.path();
   o.nodes = {ns + "-node"};
   o.ns = ns;
   o.node_heartbeat = 1s;
@@ -322,8 +304,6 @@ TEST_F(OperatorRealTest, LocalKubeletRegistersNodesAndRunsPodsOnTheRealServer) {
   })) << client->get(res::kPods, ns, "hello").dump();
   EXPECT_EQ(k.resolve_pod("hello").first, ns);
   k.stop();
-  std::error_code ec;
-  std::filesystem::remove_all(root, ec);
 }
 
 }  // namespace

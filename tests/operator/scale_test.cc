@@ -10,34 +10,9 @@
 namespace longhaul::testing {
 namespace {
 
-using controller::Controller;
-using controller::ControllerOptions;
 
-class Scale : public ::testing::Test {
+class Scale : public FakeServerScenario {
  protected:
-  void SetUp() override {
-    server.start();
-    client = make_client(server);
-    kubelet = std::make_unique<FakeKubelet>(server);
-  }
-  void TearDown() override {
-    if (ctl) ctl->stop();
-    kubelet->stop();
-    client->close();
-    server.stop();
-  }
-  void start_operator() {
-    ControllerOptions o;
-    o.workers = 2;
-    o.watch_timeout = 30s;
-    o.retry_base_delay = 20ms;
-    o.retry_max_delay = 500ms;
-    o.on_reconcile = [this](std::string_view, double) { ++reconciles; };
-    ctl = std::make_unique<Controller>(client, nullptr, o);
-    ctl->start();
-    ASSERT_TRUE(ctl->wait_for_sync(30s));
-    ctl->start_workers();
-  }
   void restart_operator() {
     ctl->stop();
     ctl.reset();
@@ -60,23 +35,8 @@ class Scale : public ::testing::Test {
     return server.count_requests({.verb = "create", .resource = "pods", .status = 201});
   }
   api::TrainingJobStatus status_of() { return job_status(server, "big"); }
-  // For the operator's reconcile counter, which the server's change notifications do not
-  // cover: polled every 5 ms until the deadline.
-  bool wait_local(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-    return true;
-  }
   static std::string worker(int i) { return "big-worker-" + std::to_string(i); }
 
-  fakeapi::FakeApiServer server{server_options()};
-  std::shared_ptr<kube::HttpClient> client;
-  std::unique_ptr<FakeKubelet> kubelet;
-  std::unique_ptr<Controller> ctl;
-  std::atomic<int> reconciles{0};
   size_t largest_status = 0;
 };
 
@@ -168,21 +128,9 @@ TEST_F(Scale, ThousandReplicasInDifferingStatesKeepStatusBoundedAcrossOperatorRe
   for (const json& e : events) EXPECT_LT(e.value("message", "").size(), 600u) << e.dump();
 
   // Converged: forced reconciles write nothing.
-  int quiet_rounds = 0;
-  std::string writes;
-  for (int round = 0; round < 5 && quiet_rounds < 2; ++round) {
-    const int before = reconciles.load();
-    server.clear_requests();
-    ctl->enqueue("default/big");
-    ASSERT_TRUE(wait_local([&] { return reconciles.load() > before; }));
-    writes.clear();
-    for (const auto& r : server.requests()) {
-      if (r.write) writes += r.method + " " + r.path + "\n";
-    }
-    quiet_rounds = writes.empty() ? quiet_rounds + 1 : 0;
-    if (!writes.empty() && round > 0) ADD_FAILURE() << "writes after convergence:\n" << writes;
-  }
-  EXPECT_EQ(quiet_rounds, 2) << writes;
+  ASSERT_NO_FATAL_FAILURE(expect_forced_reconciles_write_nothing(
+      *ctl, reconciles, [&] { return take_writes(server); }, "default/big", /*max_rounds=*/5,
+      /*quiet_rounds=*/2));
 }
 
 }  // namespace

@@ -13,32 +13,8 @@ namespace {
 using controller::Controller;
 using controller::ControllerOptions;
 
-class Scenario : public ::testing::Test {
+class Scenario : public FakeServerScenario {
  protected:
-  void SetUp() override {
-    server.start();
-    client = make_client(server);
-    kubelet = std::make_unique<FakeKubelet>(server);
-  }
-  void TearDown() override {
-    if (ctl) ctl->stop();
-    kubelet->stop();
-    client->close();
-    server.stop();
-  }
-  void start_operator(const std::function<void(ControllerOptions&)>& tweak = {}) {
-    ControllerOptions o;
-    o.workers = 2;
-    o.watch_timeout = 30s;
-    o.retry_base_delay = 20ms;
-    o.retry_max_delay = 500ms;
-    o.on_reconcile = [this](std::string_view, double) { ++reconciles; };
-    if (tweak) tweak(o);
-    ctl = std::make_unique<Controller>(client, nullptr, o);
-    ctl->start();
-    ASSERT_TRUE(ctl->wait_for_sync(10s));
-    ctl->start_workers();
-  }
   bool wait(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
     return server.wait_for(pred, timeout);
   }
@@ -66,12 +42,6 @@ class Scenario : public ::testing::Test {
     const auto r = event_reasons();
     return std::find(r.begin(), r.end(), reason) != r.end();
   }
-
-  fakeapi::FakeApiServer server{server_options()};
-  std::shared_ptr<kube::HttpClient> client;
-  std::unique_ptr<FakeKubelet> kubelet;
-  std::unique_ptr<Controller> ctl;
-  std::atomic<int> reconciles{0};
 };
 
 TEST_F(Scenario, CreateMakesClaimServiceAndPodsWithEnvLabelsMountsAndOwners) {
@@ -460,23 +430,10 @@ TEST_F(Scenario, NoWritesOnceConverged) {
   }));
   // The last decision's Event is written right after its status: wait for it too.
   ASSERT_TRUE(wait([&] { return saw_event("AllReplicasRunning"); }));
-  // Converged: a forced reconcile writes nothing. Any work still in flight from the last
-  // changes may write in the first round; from then on every round must be write-free.
-  std::string writes;
-  int quiet_rounds = 0;
-  for (int round = 0; round < 5 && quiet_rounds < 3; ++round) {
-    const int before = reconciles.load();
-    server.clear_requests();
-    ctl->enqueue("default/j");
-    ASSERT_TRUE(wait_local([&] { return reconciles.load() > before; }));
-    writes.clear();
-    for (const auto& r : server.requests()) {
-      if (r.write) writes += r.method + " " + r.path + "\n";
-    }
-    quiet_rounds = writes.empty() ? quiet_rounds + 1 : 0;
-    if (!writes.empty() && round > 0) ADD_FAILURE() << "writes after convergence:\n" << writes;
-  }
-  EXPECT_EQ(quiet_rounds, 3) << writes;
+  // Converged: a forced reconcile writes nothing.
+  ASSERT_NO_FATAL_FAILURE(expect_forced_reconciles_write_nothing(
+      *ctl, reconciles, [&] { return take_writes(server); }, "default/j", /*max_rounds=*/5,
+      /*quiet_rounds=*/3));
 }
 
 // A ResourceQuota 403 on pod create once left the job Pending forever with Created=True, no

@@ -261,6 +261,8 @@ class FakeApiServer {
   std::vector<RequestRecord> requests() const;
   size_t count_requests(const RequestMatch& match = {}) const;
   void clear_requests();
+  // requests() and clear_requests() in one step: no request answered in between is lost.
+  std::vector<RequestRecord> take_requests();
   // Requests received and not yet answered (open watch streams included).
   size_t requests_in_flight() const;
 
