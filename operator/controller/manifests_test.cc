@@ -1,10 +1,11 @@
 // The repository's TrainingJob manifests (examples/trainingjob-*.yaml) and the CRD agree with the
 // C++ API: every example parses and is runnable, and every spec field the operator reads is
 // declared in the CRD's schema with the same defaults.
+#include "longhaul/testing/manifests.h"
+
 #include <filesystem>
 
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
 
 #include "longhaul/api/trainingjob.h"
 #include "longhaul/controller/children.h"
@@ -13,35 +14,6 @@ namespace longhaul::controller {
 namespace {
 
 namespace fs = std::filesystem;
-
-json to_json(const YAML::Node& n) {
-  switch (n.Type()) {
-    case YAML::NodeType::Map: {
-      json o = json::object();
-      for (const auto& kv : n) o[kv.first.as<std::string>()] = to_json(kv.second);
-      return o;
-    }
-    case YAML::NodeType::Sequence: {
-      json a = json::array();
-      for (const auto& e : n) a.push_back(to_json(e));
-      return a;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string s = n.Scalar();
-      if (n.Tag() == "!") return s;  // quoted: always a string
-      if (s == "true" || s == "false") return s == "true";
-      try {
-        size_t used = 0;
-        const long long v = std::stoll(s, &used);
-        if (used == s.size()) return v;
-      } catch (const std::exception&) {
-      }
-      return s;
-    }
-    default:
-      return nullptr;
-  }
-}
 
 fs::path source_dir() {
   const char* env = std::getenv("LONGHAUL_SOURCE_DIR");
@@ -53,8 +25,7 @@ TEST(Manifests, EveryExampleTrainingJobParsesAndIsRunnable) {
   for (const auto& entry : fs::directory_iterator(source_dir() / "examples")) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("trainingjob-", 0) != 0 || entry.path().extension() != ".yaml") continue;
-    for (const YAML::Node& doc : YAML::LoadAllFromFile(entry.path().string())) {
-      const json j = to_json(doc);
+    for (const json& j : longhaul::testing::load_manifests(entry.path())) {
       if (j.value("kind", "") != "TrainingJob") continue;
       SCOPED_TRACE(name);
       EXPECT_EQ(j.value("apiVersion", ""), "longhaul.dev/v1alpha1");
@@ -69,7 +40,7 @@ TEST(Manifests, EveryExampleTrainingJobParsesAndIsRunnable) {
 
 TEST(Manifests, CrdDeclaresTheFieldsAndDefaultsTheOperatorUses) {
   const json crd =
-      to_json(YAML::LoadFile((source_dir() / "crds/trainingjobs.longhaul.dev.yaml").string()));
+      longhaul::testing::load_manifests(source_dir() / "crds/trainingjobs.longhaul.dev.yaml").at(0);
   EXPECT_EQ(crd["spec"]["group"], "longhaul.dev");
   EXPECT_EQ(crd["spec"]["names"]["shortNames"], json::array({"tj"}));
   const json& version = crd["spec"]["versions"][0];
