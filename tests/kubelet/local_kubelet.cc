@@ -413,12 +413,13 @@ void LocalKubelet::schedule(const json& pod) {
   LH_LOG(INFO) << "local kubelet: scheduled" << kv("pod", ns + "/" + name) << kv("node", node);
 }
 
+// One pod's round: adopt it if it is new on one of our nodes (or bind an unscheduled one), then
+// finish its deletion, report a terminal pod, begin a requested preemption, enforce the grace
+// period of a terminating process, or (re)start its container when due.
 void LocalKubelet::sync_pod(const json& pod) {
   const json meta = pod.value("metadata", json::object());
-  const json spec = pod.value("spec", json::object());
-  const std::string uid = str(meta, "uid"), ns = str(meta, "namespace"), name = str(meta, "name");
-  const std::string node = str(spec, "nodeName");
-  const std::string phase = str(pod.value("status", json::object()), "phase");
+  const std::string uid = str(meta, "uid");
+  const std::string node = str(pod.value("spec", json::object()), "nodeName");
   const bool deleting = meta.contains("deletionTimestamp");
 
   std::unique_lock lock(mu_);
@@ -431,132 +432,149 @@ void LocalKubelet::sync_pod(const json& pod) {
       if (options_.schedule && !deleting) schedule(pod);
       return;
     }
-    if (std::find(live_nodes_.begin(), live_nodes_.end(), node) == live_nodes_.end()) return;
-    // A pod of ours we have not seen yet.
-    auto state = std::make_unique<PodState>();
-    state->ns = ns;
-    state->name = name;
-    state->uid = uid;
-    state->node = node;
-    state->log = log_path(ns, name);
-    state->restart_policy = spec.value("restartPolicy", std::string("Always"));
-    state->termination_grace =
-        std::chrono::seconds(int_or(spec, "terminationGracePeriodSeconds", 30));
-    const json containers = spec.value("containers", json::array());
-    if (containers.is_array() && !containers.empty()) {
-      state->container = str(containers[0], "name");
-      state->image = str(containers[0], "image");
-    }
-    if (phase == "Succeeded" || phase == "Failed") {
-      state->terminal = true;  // finished before we came: only finalize deletions
-      state->last_status = pod["status"];
-    } else if (phase == "Running") {
-      // Running, but this kubelet never started it (it was restarted): the process is gone.
-      state->terminal = true;
-      state->proc = std::make_shared<Proc>();
-      state->proc->exit_code = 128 + SIGKILL;
-      state->proc->reaped = true;
-      state->proc->finished_at = now_rfc3339();
-      state->start_error = "the local kubelet restarted and lost this pod's process";
-    }
-    s = state.get();
-    pods_[uid] = std::move(state);
-    notify();
+    s = adopt_pod_locked(pod);
+    if (s == nullptr) return;  // bound to a node that is not ours
   }
   if (s->lost || s->gone) return;
   const auto now = Clock::now();
-
   if (deleting) {
-    s->deleting = true;
-    const int64_t grace =
-        int_or(meta, "deletionGracePeriodSeconds", s->termination_grace.count() / 1000);
-    if (s->alive()) {
-      if (!s->term_sent) {
-        ::kill(-s->proc->pid, SIGTERM);
-        s->term_sent = true;
-        s->kill_at = now + std::chrono::seconds(grace);
-        LH_LOG(INFO) << "local kubelet: pod deleted; SIGTERM" << kv("pod", ns + "/" + name)
-                     << kv("grace_seconds", grace);
-        notify();
-      } else if (!s->kill_sent && now >= s->kill_at) {
-        ::kill(-s->proc->pid, SIGKILL);
-        s->kill_sent = true;
-        LH_LOG(INFO) << "local kubelet: grace period over; SIGKILL" << kv("pod", ns + "/" + name);
-        notify();
-      }
-      return;
-    }
-    s->terminal = true;
-    if (s->finalized) return;
-    report(*s, pod);  // unlocks around the write
-    lock.unlock();
-    client_->remove(kube::resources::kPods, ns, name,
-                    kube::DeleteOptions{.grace_period_seconds = 0, .precondition_uid = uid});
-    lock.lock();
-    s->finalized = true;
-    notify();
-    LH_LOG(INFO) << "local kubelet: pod deletion finalized" << kv("pod", ns + "/" + name);
+    sync_deletion(lock, *s, pod, now);
     return;
   }
-
   if (s->terminal) {
     report(*s, pod);
     return;
   }
-
-  // Preemption: DisruptionTarget first, then SIGTERM.
-  if (s->preempt_requested && !s->preempted) {
-    s->preempted = true;
-    s->disruption_time = now_rfc3339();
-    report(*s, pod);
-    if (s->alive()) {
-      ::kill(-s->proc->pid, SIGTERM);
-      s->term_sent = true;
-      s->kill_at = Clock::now() + s->preempt_grace.value_or(s->termination_grace);
-      LH_LOG(INFO) << "local kubelet: preempting; SIGTERM" << kv("pod", ns + "/" + name)
-                   << kv("reason", s->preempt_reason);
-    }
-    notify();
-  }
+  if (s->preempt_requested && !s->preempted) begin_preemption_locked(*s, pod);
   if (s->alive()) {
-    if (s->term_sent && !s->kill_sent && now >= s->kill_at) {
-      ::kill(-s->proc->pid, SIGKILL);
-      s->kill_sent = true;
-      LH_LOG(INFO) << "local kubelet: grace period over; SIGKILL" << kv("pod", ns + "/" + name);
-      notify();
-    }
+    kill_after_grace_locked(*s, now);
     report(*s, pod);
     return;
   }
-  // Not running: first start, in-place restart after back-off, or terminal.
-  if (s->proc && s->proc->exit_code) {
-    const int code = *s->proc->exit_code;
-    const bool restart =
-        !s->preempted && !s->start_failed &&
-        (s->restart_policy == "Always" || (s->restart_policy == "OnFailure" && code != 0));
-    if (!restart) {
-      s->terminal = true;
-      report(*s, pod);
-      return;
-    }
-    if (s->restart_at == Clock::time_point{}) {
-      s->backoff = s->backoff == milliseconds(0)
-                       ? options_.crash_backoff_initial
-                       : std::min(options_.crash_backoff_max, s->backoff * 2);
-      s->restart_at = now + s->backoff;
-      s->last_terminated = json{{"exitCode", code},
-                                {"reason", code == 0 ? "Completed" : "Error"},
-                                {"startedAt", s->proc->started_at},
-                                {"finishedAt", s->proc->finished_at}};
-      report(*s, pod);
-      return;
-    }
-    if (now < s->restart_at) return;
-    s->restart_at = Clock::time_point{};
-    ++s->restart_count;
-  }
+  if (!due_to_start_locked(*s, pod, now)) return;
   start_process(*s, pod);
   report(*s, pod);
+}
+
+LocalKubelet::PodState* LocalKubelet::adopt_pod_locked(const json& pod) {
+  const json meta = pod.value("metadata", json::object());
+  const json spec = pod.value("spec", json::object());
+  const std::string node = str(spec, "nodeName");
+  if (std::find(live_nodes_.begin(), live_nodes_.end(), node) == live_nodes_.end()) return nullptr;
+  auto state = std::make_unique<PodState>();
+  state->ns = str(meta, "namespace");
+  state->name = str(meta, "name");
+  state->uid = str(meta, "uid");
+  state->node = node;
+  state->log = log_path(state->ns, state->name);
+  state->restart_policy = spec.value("restartPolicy", std::string("Always"));
+  state->termination_grace =
+      std::chrono::seconds(int_or(spec, "terminationGracePeriodSeconds", 30));
+  const json containers = spec.value("containers", json::array());
+  if (containers.is_array() && !containers.empty()) {
+    state->container = str(containers[0], "name");
+    state->image = str(containers[0], "image");
+  }
+  const std::string phase = str(pod.value("status", json::object()), "phase");
+  if (phase == "Succeeded" || phase == "Failed") {
+    state->terminal = true;  // finished before we came: only finalize deletions
+    state->last_status = pod["status"];
+  } else if (phase == "Running") {
+    // Running, but this kubelet never started it (it was restarted): the process is gone.
+    state->terminal = true;
+    state->proc = std::make_shared<Proc>();
+    state->proc->exit_code = 128 + SIGKILL;
+    state->proc->reaped = true;
+    state->proc->finished_at = now_rfc3339();
+    state->start_error = "the local kubelet restarted and lost this pod's process";
+  }
+  PodState* s = state.get();
+  pods_[s->uid] = std::move(state);
+  notify();
+  return s;
+}
+
+void LocalKubelet::sync_deletion(std::unique_lock<std::mutex>& lock, PodState& s, const json& pod,
+                                 Clock::time_point now) {
+  s.deleting = true;
+  const std::string who = s.ns + "/" + s.name;
+  if (s.alive()) {
+    if (!s.term_sent) {
+      const int64_t grace =
+          int_or(pod.value("metadata", json::object()), "deletionGracePeriodSeconds",
+                 s.termination_grace.count() / 1000);
+      ::kill(-s.proc->pid, SIGTERM);
+      s.term_sent = true;
+      s.kill_at = now + std::chrono::seconds(grace);
+      LH_LOG(INFO) << "local kubelet: pod deleted; SIGTERM" << kv("pod", who)
+                   << kv("grace_seconds", grace);
+      notify();
+    } else {
+      kill_after_grace_locked(s, now);
+    }
+    return;
+  }
+  s.terminal = true;
+  if (s.finalized) return;
+  report(s, pod);  // unlocks around the write
+  lock.unlock();
+  client_->remove(kube::resources::kPods, s.ns, s.name,
+                  kube::DeleteOptions{.grace_period_seconds = 0, .precondition_uid = s.uid});
+  lock.lock();
+  s.finalized = true;
+  notify();
+  LH_LOG(INFO) << "local kubelet: pod deletion finalized" << kv("pod", who);
+}
+
+void LocalKubelet::kill_after_grace_locked(PodState& s, Clock::time_point now) {
+  if (!s.term_sent || s.kill_sent || now < s.kill_at) return;
+  ::kill(-s.proc->pid, SIGKILL);
+  s.kill_sent = true;
+  LH_LOG(INFO) << "local kubelet: grace period over; SIGKILL" << kv("pod", s.ns + "/" + s.name);
+  notify();
+}
+
+void LocalKubelet::begin_preemption_locked(PodState& s, const json& pod) {
+  // DisruptionTarget first, then SIGTERM.
+  s.preempted = true;
+  s.disruption_time = now_rfc3339();
+  report(s, pod);
+  if (s.alive()) {
+    ::kill(-s.proc->pid, SIGTERM);
+    s.term_sent = true;
+    s.kill_at = Clock::now() + s.preempt_grace.value_or(s.termination_grace);
+    LH_LOG(INFO) << "local kubelet: preempting; SIGTERM" << kv("pod", s.ns + "/" + s.name)
+                 << kv("reason", s.preempt_reason);
+  }
+  notify();
+}
+
+bool LocalKubelet::due_to_start_locked(PodState& s, const json& pod, Clock::time_point now) {
+  if (!s.proc || !s.proc->exit_code) return true;  // the first start
+  const int code = *s.proc->exit_code;
+  const bool restart =
+      !s.preempted && !s.start_failed &&
+      (s.restart_policy == "Always" || (s.restart_policy == "OnFailure" && code != 0));
+  if (!restart) {
+    s.terminal = true;
+    report(s, pod);
+    return false;
+  }
+  if (s.restart_at == Clock::time_point{}) {
+    s.backoff = s.backoff == milliseconds(0) ? options_.crash_backoff_initial
+                                             : std::min(options_.crash_backoff_max, s.backoff * 2);
+    s.restart_at = now + s.backoff;
+    s.last_terminated = json{{"exitCode", code},
+                             {"reason", code == 0 ? "Completed" : "Error"},
+                             {"startedAt", s.proc->started_at},
+                             {"finishedAt", s.proc->finished_at}};
+    report(s, pod);
+    return false;
+  }
+  if (now < s.restart_at) return false;
+  s.restart_at = Clock::time_point{};
+  ++s.restart_count;
+  return true;
 }
 
 void LocalKubelet::start_process(PodState& s, const json& pod) {

@@ -163,6 +163,17 @@ class LocalKubelet {
   void run();
   void sync_once();
   void sync_pod(const json& pod);
+  // The steps of sync_pod, called with mu_ held (report() inside them releases it around its
+  // write). adopt_pod_locked: the state of a pod first seen on one of our nodes (nullptr when
+  // the node is not ours). sync_deletion: SIGTERM, SIGKILL after the grace period, then the
+  // final DELETE. due_to_start_locked: whether the container (re)starts now, after its back-off.
+  PodState* adopt_pod_locked(const json& pod);
+  void sync_deletion(std::unique_lock<std::mutex>& lock, PodState& state, const json& pod,
+                     std::chrono::steady_clock::time_point now);
+  void kill_after_grace_locked(PodState& state, std::chrono::steady_clock::time_point now);
+  void begin_preemption_locked(PodState& state, const json& pod);
+  bool due_to_start_locked(PodState& state, const json& pod,
+                           std::chrono::steady_clock::time_point now);
   void handle_gone(PodState& state);
   void start_process(PodState& state, const json& pod);
   void report(PodState& state, const json& pod);
