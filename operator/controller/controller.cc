@@ -35,6 +35,26 @@ double thread_cpu_seconds() {
 
 }  // namespace
 
+void trim_cached_pod(json& pod) {
+  kube::strip_for_cache(pod);
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return;
+  for (const char* key : {"volumes", "tolerations", "affinity", "topologySpreadConstraints"}) {
+    spec->erase(key);
+  }
+  for (const char* kind : {"initContainers", "containers", "ephemeralContainers"}) {
+    auto list = spec->find(kind);
+    if (list == spec->end() || !list->is_array()) continue;
+    for (json& c : *list) {
+      if (!c.is_object()) continue;
+      for (const char* key : {"env", "envFrom", "volumeMounts", "volumeDevices", "command", "args",
+                              "livenessProbe", "readinessProbe", "startupProbe", "lifecycle"}) {
+        c.erase(key);
+      }
+    }
+  }
+}
+
 Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
                        ControllerOptions options)
     : client_(std::move(client)), options_(std::move(options)) {
@@ -69,6 +89,8 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
       o.ns = ns;
       o.label_selector = selector;
       o.watch_timeout = options_.watch_timeout;
+      // The caches keep what the operator reads (informer.h); no cached object is written back.
+      o.transform = r.kind == res::kPods.kind ? trim_cached_pod : kube::strip_for_cache;
       return std::make_unique<kube::Informer>(client_, o);
     };
     auto jobs = make(res::kTrainingJobs, "");

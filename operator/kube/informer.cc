@@ -32,7 +32,21 @@ std::vector<std::string> owner_uids(const json& object) {
   return out;
 }
 
+constexpr const char* kLastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration";
+
 }  // namespace
+
+void strip_for_cache(json& object) {
+  if (!object.is_object()) return;
+  auto metadata = object.find("metadata");
+  if (metadata == object.end() || !metadata->is_object()) return;
+  metadata->erase("managedFields");
+  auto annotations = metadata->find("annotations");
+  if (annotations != metadata->end() && annotations->is_object()) {
+    annotations->erase(kLastAppliedAnnotation);
+    if (annotations->empty()) metadata->erase(annotations);
+  }
+}
 
 std::string object_key(std::string_view ns, std::string_view name) {
   if (ns.empty()) return std::string(name);
@@ -108,8 +122,11 @@ size_t Store::size() const {
 }
 
 ObjectPtr Store::upsert(json object) {
-  const std::string key = object_key(object);
-  auto ptr = std::make_shared<const json>(std::move(object));
+  return upsert(std::make_shared<const json>(std::move(object)));
+}
+
+ObjectPtr Store::upsert(ObjectPtr ptr) {
+  const std::string key = object_key(*ptr);
   std::lock_guard<std::mutex> lock(mu_);
   ObjectPtr old;
   if (auto it = objects_.find(key); it != objects_.end()) {
@@ -131,11 +148,9 @@ ObjectPtr Store::erase(const std::string& key) {
   return old;
 }
 
-std::map<std::string, ObjectPtr> Store::replace(const std::vector<json>& objects) {
+std::map<std::string, ObjectPtr> Store::replace(const std::vector<ObjectPtr>& objects) {
   std::map<std::string, ObjectPtr> fresh;
-  for (const json& object : objects) {
-    fresh[object_key(object)] = std::make_shared<const json>(object);
-  }
+  for (const ObjectPtr& object : objects) fresh[object_key(*object)] = object;
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, ObjectPtr> old;
   old.swap(objects_);
@@ -254,22 +269,27 @@ void Informer::list_and_sync() {
   opts.limit = options_.list_page_size;
   json list = client_->list(options_.resource, options_.ns, opts);
   list_count_.fetch_add(1);
-  std::vector<json> items;
-  if (list.contains("items") && list["items"].is_array()) {
-    for (auto& item : list["items"]) items.push_back(std::move(item));
+  std::vector<ObjectPtr> items;
+  if (auto found = list.find("items"); found != list.end() && found->is_array()) {
+    items.reserve(found->size());
+    for (json& item : *found) {
+      transform(item);
+      items.push_back(std::make_shared<const json>(std::move(item)));
+    }
   }
   auto old = store_.replace(items);
   set_resource_version(list);
+  list = json();  // the items moved out; the rest is not needed while the handlers run
   // Deliver the differences against what the handlers saw before.
-  for (const json& item : items) {
-    const std::string key = object_key(item);
+  for (const ObjectPtr& item : items) {
+    const std::string key = object_key(*item);
     auto it = old.find(key);
     if (it == old.end()) {
-      notify_add(item);
+      notify_add(*item);
     } else {
       if (metadata_string(*it->second, "resourceVersion") !=
-          metadata_string(item, "resourceVersion")) {
-        notify_update(*it->second, item);
+          metadata_string(*item, "resourceVersion")) {
+        notify_update(*it->second, *item);
       }
       old.erase(it);
     }
@@ -284,21 +304,35 @@ void Informer::list_and_sync() {
                 << kv("resource_version", resource_version());
 }
 
-void Informer::apply(const WatchEvent& event) {
+void Informer::transform(json& object) const {
+  if (!options_.transform) return;
+  try {
+    options_.transform(object);
+  } catch (const std::exception& e) {
+    LH_LOG(ERROR) << "informer transform threw; caching the object as it is"
+                  << kv("informer", name_) << kv("object", object_key(object))
+                  << kv("error", e.what());
+  }
+}
+
+void Informer::apply(WatchEvent& event) {
   switch (event.type) {
     case WatchEvent::Type::kAdded:
     case WatchEvent::Type::kModified: {
       set_resource_version(event.object);
-      ObjectPtr old = store_.upsert(event.object);
+      transform(event.object);
+      auto object = std::make_shared<const json>(std::move(event.object));
+      ObjectPtr old = store_.upsert(object);
       if (old) {
-        notify_update(*old, event.object);
+        notify_update(*old, *object);
       } else {
-        notify_add(event.object);
+        notify_add(*object);
       }
       return;
     }
     case WatchEvent::Type::kDeleted: {
       set_resource_version(event.object);
+      transform(event.object);
       store_.erase(object_key(event.object));
       notify_delete(event.object);
       return;

@@ -320,6 +320,123 @@ TEST(InformerTest, KeepsRetryingTheListUntilTheServerAnswers) {
   server.stop();
 }
 
+// A pod as the real API server sends it: field ownership per writer, and kubectl's copy of
+// the applied object.
+json pod_as_served(const std::string& name, const std::string& rv) {
+  json p = pod(name, rv, {{"app", "train"}}, "uid-j");
+  p["metadata"]["annotations"] = {
+      {"kubectl.kubernetes.io/last-applied-configuration", json(p).dump()},
+      {"longhaul.dev/restart-attempt", "2"}};
+  p["metadata"]["managedFields"] =
+      json::array({{{"manager", "longhaul-operator"},
+                    {"operation", "Update"},
+                    {"fieldsType", "FieldsV1"},
+                    {"fieldsV1", {{"f:metadata", {{"f:labels", {{"f:app", json::object()}}}}}}}},
+                   {{"manager", "kubelet"},
+                    {"operation", "Update"},
+                    {"subresource", "status"},
+                    {"fieldsV1", {{"f:status", {{"f:phase", json::object()}}}}}}});
+  p["spec"] = {
+      {"containers",
+       json::array({{{"name", "trainer"},
+                     {"env", json::array({{{"name", "A"}, {"value", "1"}}})},
+                     {"ports", json::array({{{"name", "metrics"}, {"containerPort", 9090}}})}}})}};
+  p["status"] = {{"phase", "Running"}, {"podIP", "10.0.0.7"}};
+  return p;
+}
+
+TEST(StripForCacheTest, DropsManagedFieldsAndLastAppliedKeepsTheRest) {
+  json p = pod_as_served("a", "5");
+  json expected = p;
+  expected["metadata"].erase("managedFields");
+  expected["metadata"]["annotations"].erase("kubectl.kubernetes.io/last-applied-configuration");
+  strip_for_cache(p);
+  EXPECT_EQ(p, expected);  // labels, the operator's annotation, spec and status untouched
+
+  // An annotations map that held only kubectl's copy goes; objects without metadata are kept.
+  json only_kubectl = pod("b", "6");
+  only_kubectl["metadata"]["annotations"] = {
+      {"kubectl.kubernetes.io/last-applied-configuration", "{}"}};
+  strip_for_cache(only_kubectl);
+  EXPECT_FALSE(only_kubectl["metadata"].contains("annotations"));
+  EXPECT_EQ(only_kubectl["metadata"]["name"], "b");
+  json bare = {{"kind", "Status"}, {"code", 410}};
+  strip_for_cache(bare);
+  EXPECT_EQ(bare, (json{{"kind", "Status"}, {"code", 410}}));
+  json not_an_object = json::array({1, 2});
+  strip_for_cache(not_an_object);
+  EXPECT_EQ(not_an_object, json::array({1, 2}));
+}
+
+// The transform applies to listed objects and to every watch event before the store and the
+// handlers see them; bookmarks still move the resourceVersion.
+TEST(InformerTest, TransformAppliesBeforeStoreAndHandlers) {
+  ScriptedApi api;
+  api.add_list(pod_list("10", {pod_as_served("a", "5")}));
+  auto watch = api.add_watch();
+  InformerOptions options = pod_options();
+  options.transform = strip_for_cache;
+  std::mutex mu;
+  std::vector<json> seen;  // every object a handler was given
+  auto keep = [&](const json& o) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(o);
+  };
+  Informer informer(api.client(), options);
+  informer.add_handlers({keep,
+                         [&](const json& old_object, const json& o) {
+                           keep(old_object);
+                           keep(o);
+                         },
+                         keep});
+  informer.start();
+  ASSERT_TRUE(informer.wait_for_sync(5s));
+  watch->push(event("MODIFIED", pod_as_served("a", "11")));
+  watch->push(event("ADDED", pod_as_served("b", "12")));
+  watch->push(event("DELETED", pod_as_served("b", "13")));
+  watch->push(event("BOOKMARK", {{"kind", "Pod"}, {"metadata", {{"resourceVersion", "20"}}}}));
+  ASSERT_TRUE(wait_until([&] { return informer.resource_version() == "20"; }));
+
+  const ObjectPtr a = informer.store().get("ns", "a");
+  ASSERT_NE(a, nullptr);
+  const json& md = (*a)["metadata"];
+  EXPECT_EQ(md["resourceVersion"], "11");
+  EXPECT_FALSE(md.contains("managedFields"));
+  EXPECT_EQ(md["annotations"], (json{{"longhaul.dev/restart-attempt", "2"}}));
+  // What the operator reads is still there: labels, owner, ports, status.
+  EXPECT_EQ(md["labels"]["app"], "train");
+  EXPECT_EQ(md["ownerReferences"][0]["uid"], "uid-j");
+  EXPECT_EQ((*a)["spec"]["containers"][0]["ports"][0]["containerPort"], 9090);
+  EXPECT_EQ((*a)["status"]["podIP"], "10.0.0.7");
+  EXPECT_EQ(informer.store().by_owner_uid("uid-j").size(), 1u);  // b is gone
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(seen.size(), 5u);  // add a; update a (old, new); add b; delete b
+  for (const json& o : seen) {
+    EXPECT_FALSE(o["metadata"].contains("managedFields")) << o.dump();
+    EXPECT_FALSE(
+        o["metadata"]["annotations"].contains("kubectl.kubernetes.io/last-applied-configuration"))
+        << o.dump();
+  }
+}
+
+// A transform that throws loses nothing: the object is cached as it is and handlers run.
+TEST(InformerTest, TransformThatThrowsKeepsTheObject) {
+  ScriptedApi api;
+  api.add_list(pod_list("10", {pod("a", "5")}));
+  api.add_watch();
+  InformerOptions options = pod_options();
+  options.transform = [](json& o) {
+    if (o["metadata"]["name"] == "a") throw std::runtime_error("unexpected shape");
+  };
+  Recorder recorder;
+  Informer informer(api.client(), options);
+  informer.add_handlers(recorder.handlers());
+  informer.start();
+  ASSERT_TRUE(informer.wait_for_sync(5s));
+  EXPECT_NE(informer.store().get("ns", "a"), nullptr);
+  EXPECT_EQ(recorder.snapshot(), (std::vector<std::string>{"add a"}));
+}
+
 TEST(LabelSelectorTest, MatchesKubernetesSemantics) {
   json labels = {{"app", "train"}, {"tier", "gpu"}, {"longhaul.dev/role", "chief"}};
   struct Case {

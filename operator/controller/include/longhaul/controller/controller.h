@@ -41,6 +41,15 @@
 
 namespace longhaul::controller {
 
+// The transform of the controller's pod cache (kube::Informer's transform): kube::strip_for_cache,
+// then the parts of the pod spec that nothing of the operator reads from a cached pod: volumes,
+// tolerations, affinity, topologySpreadConstraints, and each container's env, envFrom,
+// volumeMounts, volumeDevices, command, args, probes and lifecycle. Readers of cached pods
+// (reconciler, failure/clean-up/recovery policies, expectations, ownership, progress) read
+// metadata, status, and spec.containers[].name/ports; cache_transform_test checks they decide
+// the same on a trimmed pod. Reading another pod spec field from the cache means keeping it here.
+void trim_cached_pod(json& pod);
+
 struct ControllerOptions {
   std::vector<std::string> namespaces;  // empty: all namespaces
   int workers = 2;

@@ -11,6 +11,13 @@
 // Handlers run on the informer thread, one at a time, after the store already reflects the
 // change; an exception from a handler is logged and swallowed. They must not block for long.
 //
+// Transform: an optional function applied to every object (list items and watch events alike)
+// before it enters the store and reaches the handlers, client-go's SetTransform. A cache for an
+// operator's reads keeps only what it reads: strip_for_cache drops metadata.managedFields and
+// kubectl's last-applied-configuration annotation, which are often most of an object's bytes.
+// Objects in the store are therefore not what the server holds: never PUT one back (a patch, or
+// an update of a fresh GET, is what writes should use).
+//
 // Thread-safety: Store reads and Informer methods are safe from any thread. Objects are handed
 // out as shared_ptr<const json> snapshots that never change.
 #pragma once
@@ -53,9 +60,10 @@ class Store {
 
   // Mutations (the informer's; public for tests and fakes). Return the previous object or null.
   ObjectPtr upsert(json object);
+  ObjectPtr upsert(ObjectPtr object);
   ObjectPtr erase(const std::string& key);
   // Replaces everything; returns the previous contents.
-  std::map<std::string, ObjectPtr> replace(const std::vector<json>& objects);
+  std::map<std::string, ObjectPtr> replace(const std::vector<ObjectPtr>& objects);
 
  private:
   void index_locked(const std::string& key, const ObjectPtr& object, bool add);
@@ -70,6 +78,17 @@ struct ResourceEventHandlers {
   std::function<void(const json& object)> on_delete;  // the last known state
 };
 
+// Drops what a cache of objects that are only read does not need: metadata.managedFields (the
+// server's field ownership: every field's path again, per writer) and the
+// kubectl.kubernetes.io/last-applied-configuration annotation (the whole object again, as
+// text); an annotations map left empty goes too. Anything else is kept. Not for objects that
+// are written back with PUT.
+void strip_for_cache(json& object);
+
+// Applies to an object in place before the store and the handlers see it. Should not throw: an
+// exception is logged and the object is cached as the transform left it (never dropped).
+using ObjectTransform = std::function<void(json& object)>;
+
 struct InformerOptions {
   Resource resource;
   std::string ns;  // "" = all namespaces
@@ -81,6 +100,8 @@ struct InformerOptions {
   std::chrono::milliseconds initial_backoff{200};
   std::chrono::milliseconds max_backoff{30000};
   std::optional<int> list_page_size = 500;
+  // Applied to every object before it is stored (see the top of this file); none by default.
+  ObjectTransform transform;
 };
 
 class Informer {
@@ -122,7 +143,9 @@ class Informer {
   // sets out.relist instead of throwing. Returns false when the informer is stopping.
   bool watch_once(const ListOptions& opts, WatchOutcome& out);
   // Applies one watch event to the store and calls the handlers (an ERROR event is only logged).
-  void apply(const WatchEvent& event);
+  // Takes the event's object: it moves into the store.
+  void apply(WatchEvent& event);
+  void transform(json& object) const;
   bool backoff(int failures);  // false when stopping
   void set_resource_version(const json& object);
   void notify_add(const json& object);
