@@ -90,7 +90,10 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
       o.label_selector = selector;
       o.watch_timeout = options_.watch_timeout;
       // The caches keep what the operator reads (informer.h); no cached object is written back.
-      o.transform = r.kind == res::kPods.kind ? trim_cached_pod : kube::strip_for_cache;
+      // A job's pods are looked up by its name label.
+      const bool pods = r.kind == res::kPods.kind;
+      o.transform = pods ? trim_cached_pod : kube::strip_for_cache;
+      if (pods) o.indexed_labels = {std::string(api::kLabelJobName)};
       return std::make_unique<kube::Informer>(client_, o);
     };
     auto jobs = make(res::kTrainingJobs, "");

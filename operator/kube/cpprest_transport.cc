@@ -1,12 +1,12 @@
 // cpprestsdk adapter: every cpprestsdk and Boost type and exception ends here.
 #include "longhaul/kube/cpprest_transport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <mutex>
 
 #include <boost/asio/ssl.hpp>
-#include <cpprest/containerstream.h>
 #include <cpprest/http_client.h>
 
 #include "longhaul/base/error.h"
@@ -116,6 +116,9 @@ class CpprestStream : public HttpStream {
     return headers_;
   }
 
+  // Lines are cut from chunks read off the body, as many bytes as have arrived at a time:
+  // cpprestsdk's own read_line moves one byte per call through its locked buffer and runs a
+  // task continuation per step, which cost more CPU than parsing the watch events.
   std::optional<std::string> read_line() override {
     if (cancelled_.load()) return std::nullopt;
     try {
@@ -123,19 +126,36 @@ class CpprestStream : public HttpStream {
     } catch (const Cancelled&) {
       return std::nullopt;
     }
-    auto body = response_.body();
-    concurrency::streams::container_buffer<std::string> line;
-    try {
-      size_t n = body.read_line(line).get();
-      if (n == 0 && line.collection().empty() && body.is_eof()) return std::nullopt;
-    } catch (const std::exception& e) {
+    for (;;) {
+      const size_t newline = buffered_.find('\n', scanned_);
+      if (newline != std::string::npos) {
+        std::string text = buffered_.substr(start_, newline - start_);
+        start_ = scanned_ = newline + 1;
+        if (start_ == buffered_.size()) {
+          buffered_.clear();
+          start_ = scanned_ = 0;
+        }
+        if (!text.empty() && text.back() == '\r') text.pop_back();
+        return text;
+      }
+      scanned_ = buffered_.size();
+      bool more = false;
+      try {
+        more = read_some();
+      } catch (const std::exception& e) {
+        if (cancelled_.load()) return std::nullopt;
+        throw Unavailable(what_ + ": stream broke: " + e.what());
+      }
       if (cancelled_.load()) return std::nullopt;
-      throw Unavailable(what_ + ": stream broke: " + e.what());
+      if (!more) {  // the end: what is left is the last line
+        if (start_ == buffered_.size()) return std::nullopt;
+        std::string text = buffered_.substr(start_);
+        buffered_.clear();
+        start_ = scanned_ = 0;
+        if (!text.empty() && text.back() == '\r') text.pop_back();
+        return text;
+      }
     }
-    if (cancelled_.load()) return std::nullopt;
-    std::string text = std::move(line.collection());
-    if (!text.empty() && text.back() == '\r') text.pop_back();
-    return text;
   }
 
   void cancel() override {
@@ -157,6 +177,28 @@ class CpprestStream : public HttpStream {
     }
   }
 
+  // Appends what has arrived of the body to buffered_, waiting for at least one byte; false at
+  // the end of the body. Throws when the stream fails.
+  bool read_some() {
+    auto buffer = response_.body().streambuf();
+    size_t available = buffer.in_avail();
+    if (available == 0) {
+      if (buffer.getc().get() == decltype(buffer)::traits::eof()) return false;
+      available = std::max<size_t>(buffer.in_avail(), 1);
+    }
+    if (start_ > 0 && start_ * 2 >= buffered_.size()) {  // drop the lines already returned
+      buffered_.erase(0, start_);
+      scanned_ -= start_;
+      start_ = 0;
+    }
+    const size_t old_size = buffered_.size();
+    buffered_.resize(old_size + available);
+    const size_t got =
+        buffer.getn(reinterpret_cast<uint8_t*>(buffered_.data() + old_size), available).get();
+    buffered_.resize(old_size + got);
+    return got > 0;
+  }
+
   client::http_client client_;  // keeps the connection pool alive while streaming
   pplx::task<http::http_response> pending_;
   pplx::cancellation_token_source cancel_;
@@ -166,6 +208,9 @@ class CpprestStream : public HttpStream {
   mutable bool resolved_ = false;         // guarded by mu_
   mutable http::http_response response_;  // set once resolved_
   mutable HttpHeaders headers_;           // set once resolved_
+  std::string buffered_;  // reader thread only: body bytes read, from start_ not yet returned
+  size_t start_ = 0;      // reader thread only: where the next line starts in buffered_
+  size_t scanned_ = 0;    // reader thread only: buffered_ before this holds no newline after start_
 };
 
 }  // namespace

@@ -413,6 +413,43 @@ TEST(HttpClientWatchTest, StreamsEventsAsTheyArrive) {
   EXPECT_FALSE(stream->next());
 }
 
+// Lines are cut from whatever chunks arrive: a large event in many chunks, CRLF endings, blank
+// keep-alive lines, and a last event without its newline when the server ends the response.
+TEST(HttpClientWatchTest, CutsLinesFromAnyChunking) {
+  LineChannel lines;
+  TestHttpServer server([&](const Request&, ResponseWriter& writer) {
+    writer.start_stream(200);
+    while (auto line = lines.pop(writer)) {
+      if (!writer.write_chunk(*line)) return;
+    }
+    writer.end_stream();
+  });
+  auto client = client_for(server);
+  auto stream = client->watch(resources::kPods, "ns", ListOptions{});
+  json big = pod("big");
+  big["metadata"]["annotations"] = {{"x", std::string(300000, 'y')}};
+  const std::string big_line = event_line("ADDED", big);
+  for (size_t at = 0; at < big_line.size(); at += 7000) lines.push(big_line.substr(at, 7000));
+  auto e1 = stream->next();
+  ASSERT_TRUE(e1);
+  EXPECT_EQ(e1->object, big);
+  std::string crlf = event_line("MODIFIED", pod("a"));
+  crlf.insert(crlf.size() - 1, "\r");
+  lines.push("\r\n\n" + crlf + event_line("DELETED", pod("a")).substr(0, 20));
+  std::string rest = event_line("DELETED", pod("a")).substr(20);
+  rest.pop_back();  // no newline after the last event
+  lines.push(rest);
+  lines.close();
+  auto e2 = stream->next();
+  ASSERT_TRUE(e2);
+  EXPECT_EQ(e2->type, WatchEvent::Type::kModified);
+  auto e3 = stream->next();
+  ASSERT_TRUE(e3);
+  EXPECT_EQ(e3->type, WatchEvent::Type::kDeleted);
+  EXPECT_EQ(e3->object["metadata"]["name"], "a");
+  EXPECT_FALSE(stream->next());
+}
+
 TEST(HttpClientWatchTest, StopUnblocksNextPromptly) {
   LineChannel lines;  // never written: the server stays silent
   TestHttpServer server([&](const Request&, ResponseWriter& writer) {

@@ -32,6 +32,21 @@ std::vector<std::string> owner_uids(const json& object) {
   return out;
 }
 
+// metadata.labels, or null.
+const json* labels_of(const json& object) {
+  if (!object.is_object()) return nullptr;
+  auto metadata = object.find("metadata");
+  if (metadata == object.end() || !metadata->is_object()) return nullptr;
+  auto labels = metadata->find("labels");
+  if (labels == metadata->end() || !labels->is_object()) return nullptr;
+  return &*labels;
+}
+
+// Whether object key `key` ("namespace/name") is in namespace `ns`.
+bool in_namespace(std::string_view key, std::string_view ns) {
+  return key.size() > ns.size() && key[ns.size()] == '/' && key.substr(0, ns.size()) == ns;
+}
+
 constexpr const char* kLastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration";
 
 }  // namespace
@@ -68,6 +83,22 @@ void Store::index_locked(const std::string& key, const ObjectPtr& object, bool a
       if (it->second.empty()) by_owner_.erase(it);
     }
   }
+  if (indexed_labels_.empty()) return;
+  const json* labels = labels_of(*object);
+  if (labels == nullptr) return;
+  for (const std::string& label : indexed_labels_) {
+    auto value = labels->find(label);
+    if (value == labels->end() || !value->is_string()) continue;
+    const std::string& v = value->get_ref<const std::string&>();
+    if (add) {
+      by_label_[label][v].insert(key);
+    } else if (auto by_value = by_label_.find(label); by_value != by_label_.end()) {
+      if (auto keys = by_value->second.find(v); keys != by_value->second.end()) {
+        keys->second.erase(key);
+        if (keys->second.empty()) by_value->second.erase(keys);
+      }
+    }
+  }
 }
 
 ObjectPtr Store::get(const std::string& key) const {
@@ -91,9 +122,26 @@ std::vector<ObjectPtr> Store::list() const {
 std::vector<ObjectPtr> Store::list(std::string_view ns, const LabelSelector& selector) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<ObjectPtr> out;
-  for (const auto& [key, object] : objects_) {
-    if (!ns.empty() && metadata_string(*object, "namespace") != ns) continue;
-    if (selector.matches_object(*object)) out.push_back(object);
+  // An indexed label the selector pins to one value: only those objects.
+  for (const std::string& label : indexed_labels_) {
+    const std::string* value = selector.required_value(label);
+    if (value == nullptr) continue;
+    auto by_value = by_label_.find(label);
+    if (by_value == by_label_.end()) return out;
+    auto keys = by_value->second.find(*value);
+    if (keys == by_value->second.end()) return out;
+    for (const std::string& key : keys->second) {
+      if (!ns.empty() && !in_namespace(key, ns)) continue;
+      auto it = objects_.find(key);
+      if (it != objects_.end() && selector.matches_object(*it->second)) out.push_back(it->second);
+    }
+    return out;
+  }
+  // Keys are "namespace/name" in order: one namespace's objects are one range.
+  auto it = ns.empty() ? objects_.begin() : objects_.lower_bound(std::string(ns) + "/");
+  for (; it != objects_.end(); ++it) {
+    if (!ns.empty() && !in_namespace(it->first, ns)) break;
+    if (selector.matches_object(*it->second)) out.push_back(it->second);
   }
   return out;
 }
@@ -156,6 +204,7 @@ std::map<std::string, ObjectPtr> Store::replace(const std::vector<ObjectPtr>& ob
   old.swap(objects_);
   objects_ = std::move(fresh);
   by_owner_.clear();
+  by_label_.clear();
   for (const auto& [key, object] : objects_) index_locked(key, object, true);
   return old;
 }
@@ -166,7 +215,8 @@ Informer::Informer(std::shared_ptr<Client> client, InformerOptions options)
     : client_(std::move(client)),
       options_(std::move(options)),
       name_(options_.resource.kind + " ns=" + (options_.ns.empty() ? "*" : options_.ns) +
-            (options_.label_selector.empty() ? "" : " selector=" + options_.label_selector)) {}
+            (options_.label_selector.empty() ? "" : " selector=" + options_.label_selector)),
+      store_(options_.indexed_labels) {}
 
 Informer::~Informer() { stop(); }
 

@@ -437,6 +437,49 @@ TEST(InformerTest, TransformThatThrowsKeepsTheObject) {
   EXPECT_EQ(recorder.snapshot(), (std::vector<std::string>{"add a"}));
 }
 
+// list(ns, selector) through the label index answers as a scan of every object would, while
+// objects are added, relabelled, deleted and replaced; namespaces that prefix one another stay
+// apart.
+TEST(StoreTest, IndexedListsMatchAFullScan) {
+  Store store({"job"});
+  auto obj = [](const std::string& ns, const std::string& name, json labels) {
+    return json{{"metadata", {{"namespace", ns}, {"name", name}, {"labels", labels}}}};
+  };
+  auto check = [&](const std::string& when) {
+    for (const char* ns : {"", "ns", "ns2", "n", "other"}) {
+      for (const char* sel : {"job=a", "job=b", "job in (a)", "job=a,role=chief", "job",
+                              "role=chief", "", "job in (a, b)", "job=zzz"}) {
+        const LabelSelector selector = LabelSelector::parse(sel);
+        std::vector<std::string> expected, got;
+        for (const ObjectPtr& o : store.list()) {
+          const std::string o_ns = (*o)["metadata"]["namespace"];
+          if ((std::string(ns).empty() || o_ns == ns) && selector.matches_object(*o)) {
+            expected.push_back(object_key(*o));
+          }
+        }
+        for (const ObjectPtr& o : store.list(ns, selector)) got.push_back(object_key(*o));
+        EXPECT_EQ(got, expected) << when << " ns=" << ns << " selector=" << sel;
+      }
+    }
+  };
+  store.upsert(obj("ns", "a-0", {{"job", "a"}, {"role", "chief"}}));
+  store.upsert(obj("ns", "a-1", {{"job", "a"}}));
+  store.upsert(obj("ns", "b-0", {{"job", "b"}}));
+  store.upsert(obj("ns2", "a-0", {{"job", "a"}, {"role", "chief"}}));
+  store.upsert(obj("n", "x", {{"role", "chief"}}));
+  store.upsert(obj("ns", "c", json::object()));
+  check("added");
+  EXPECT_EQ(store.list("ns", LabelSelector::parse("job=a")).size(), 2u);
+  store.upsert(obj("ns", "a-1", {{"job", "b"}}));  // relabelled
+  store.erase("ns2/a-0");
+  check("relabelled and erased");
+  EXPECT_EQ(store.list("", LabelSelector::parse("job=a")).size(), 1u);
+  store.replace({std::make_shared<const json>(obj("other", "a-9", {{"job", "a"}}))});
+  check("replaced");
+  EXPECT_EQ(store.list("", LabelSelector::parse("job=a")).size(), 1u);
+  EXPECT_EQ(store.list("ns", LabelSelector::parse("job=b")).size(), 0u);
+}
+
 TEST(LabelSelectorTest, MatchesKubernetesSemantics) {
   json labels = {{"app", "train"}, {"tier", "gpu"}, {"longhaul.dev/role", "chief"}};
   struct Case {

@@ -164,6 +164,15 @@ bool LabelSelector::matches(const nlohmann::json& labels) const {
   return true;
 }
 
+const std::string* LabelSelector::required_value(std::string_view key) const {
+  for (const Requirement& r : requirements_) {
+    if (r.key == key && (r.op == Op::kEquals || r.op == Op::kIn) && r.values.size() == 1) {
+      return &r.values.front();
+    }
+  }
+  return nullptr;
+}
+
 bool LabelSelector::matches_object(const nlohmann::json& object) const {
   static const nlohmann::json kNone;
   if (!object.is_object()) return matches(kNone);

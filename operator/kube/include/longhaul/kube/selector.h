@@ -25,6 +25,9 @@ class LabelSelector {
   // Convenience: matches(object["metadata"]["labels"]).
   bool matches_object(const nlohmann::json& object) const;
   bool empty() const { return requirements_.empty(); }
+  // The one value label `key` must have for a match (key=v, key==v, key in (v)), if the
+  // selector requires one; for index lookups.
+  const std::string* required_value(std::string_view key) const;
 
  private:
   enum class Op { kEquals, kNotEquals, kIn, kNotIn, kExists, kDoesNotExist };
