@@ -8,6 +8,7 @@
 
 #include <boost/asio/ssl.hpp>
 #include <cpprest/http_client.h>
+#include <pplx/threadpool.h>
 
 #include "longhaul/base/error.h"
 
@@ -214,6 +215,15 @@ class CpprestStream : public HttpStream {
 };
 
 }  // namespace
+
+bool set_io_threads(size_t threads) {
+  try {
+    crossplat::threadpool::initialize_with_threads(std::max<size_t>(threads, 1));
+    return true;
+  } catch (const std::exception&) {
+    return false;  // already running
+  }
+}
 
 struct CpprestTransport::Impl {
   CpprestTransportOptions options;

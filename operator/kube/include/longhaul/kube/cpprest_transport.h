@@ -33,6 +33,12 @@ struct CpprestTransportOptions {
   std::chrono::seconds request_timeout{30};
 };
 
+// Sizes cpprestsdk's process-wide I/O thread pool, which runs every request's and watch's
+// network steps (its default, 40 threads, spends more CPU switching between threads than working
+// when a process has a few connections on a few cores). For a program's main(), before the first
+// transport exists; false (nothing changed) when the pool is already running.
+bool set_io_threads(size_t threads);
+
 class CpprestTransport : public HttpTransport {
  public:
   // Throws InvalidArgument when the server URL is malformed.
