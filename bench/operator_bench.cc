@@ -21,12 +21,15 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -44,6 +47,7 @@
 #include "longhaul/testing/loopback.h"
 #ifdef LONGHAUL_BENCH_REAL
 #include "longhaul/envtest/control_plane.h"
+#include "longhaul/kube/informer.h"
 #endif
 
 namespace {
@@ -320,6 +324,22 @@ std::string now_rfc3339() {
   return buf;
 }
 
+// The status a kubelet reports for a pod whose container started at `now`.
+json running_status(const std::string& now) {
+  return {{"status",
+           {{"phase", "Running"},
+            {"conditions",
+             {{{"type", "Ready"}, {"status", "True"}},
+              {{"type", "ContainersReady"}, {"status", "True"}}}},
+            {"containerStatuses",
+             {{{"name", "trainer"},
+               {"image", "longhaul-worker"},
+               {"imageID", ""},
+               {"ready", true},
+               {"restartCount", 0},
+               {"state", {{"running", {{"startedAt", now}}}}}}}}}}};
+}
+
 // CPU seconds per process of interest, sampled together.
 struct CpuTimes {
   std::map<std::string, double> by;  // operator, kube-apiserver, etcd, kube-controller-manager
@@ -389,51 +409,105 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
   }
   std::fprintf(stderr, "[%6.1fs] %d TrainingJobs created\n", since(t_start), jobs);
 
-  // The kubelets: each watches (lists, from the API server's watch cache) the Pending pods and
-  // reports its share of them Running and Ready, as the kubelet of the node a pod was scheduled
-  // to would. Several, because a cluster has a kubelet per node.
+  // The kubelets. A pod informer (a list, then a watch, as a kubelet watches the pods bound to
+  // its node) hands each new Pending pod to one of `kubelets` threads, by name, which reports it
+  // Running and Ready as the kubelet of the pod's node would. Every pod event is sent once, not
+  // once per kubelet, and nothing is listed again and again. (Until 2026-11-25 the kubelets
+  // polled a list of the Pending pods every 200 ms: API server CPU a cluster's kubelets do not
+  // cost.)
   std::atomic<bool> stop{false};
   std::atomic<long> kubelet_writes{0}, kubelet_errors{0};
+  struct KubeletQueue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> pods;  // names of Pending pods; guarded by mu
+  };
+  std::vector<KubeletQueue> queues(kubelets);
+  auto wake_kubelets = [&] {
+    for (auto& q : queues) {
+      std::lock_guard lock(q.mu);
+      q.cv.notify_all();
+    }
+  };
+  longhaul::kube::InformerOptions pod_options;
+  pod_options.resource = res::kPods;
+  pod_options.ns = ns;
+  longhaul::kube::Informer pods(admin, pod_options);
+  auto on_pod = [&](const json& pod) {
+    const json& md = pod["metadata"];
+    if (md.contains("deletionTimestamp")) return;
+    if (pod.value("status", json::object()).value("phase", "Pending") != "Pending") return;
+    const std::string name = md["name"].get<std::string>();
+    KubeletQueue& q = queues[std::hash<std::string>{}(name) % queues.size()];
+    std::lock_guard lock(q.mu);
+    q.pods.push_back(name);
+    q.cv.notify_one();
+  };
+  pods.add_handlers({.on_add = on_pod,
+                     .on_update = [&](const json&, const json& pod) { on_pod(pod); },
+                     .on_delete = nullptr});
   std::vector<std::thread> kubelet;
   for (int k = 0; k < kubelets; ++k) {
     kubelet.emplace_back([&, k] {
       std::set<std::string> done_uids;
-      longhaul::kube::ListOptions lo;
-      lo.field_selector = "status.phase=Pending";
-      lo.resource_version = "0";  // served from the watch cache, like an informer's relist
-      while (!stop) {
-        try {
-          const json pods = admin->list(res::kPods, ns, lo);
-          for (const json& pod : pods["items"]) {
-            if (stop) break;
-            const std::string name = pod["metadata"]["name"].get<std::string>();
-            const std::string uid = pod["metadata"].value("uid", "");
-            if (std::hash<std::string>{}(name) % kubelets != static_cast<size_t>(k)) continue;
-            if (done_uids.contains(uid) || pod["metadata"].contains("deletionTimestamp")) continue;
-            const std::string now = now_rfc3339();
-            admin->patch(res::kPods, ns, name,
-                         {{"status",
-                           {{"phase", "Running"},
-                            {"conditions",
-                             {{{"type", "Ready"}, {"status", "True"}},
-                              {{"type", "ContainersReady"}, {"status", "True"}}}},
-                            {"containerStatuses",
-                             {{{"name", "trainer"},
-                               {"image", "longhaul-worker"},
-                               {"imageID", ""},
-                               {"ready", true},
-                               {"restartCount", 0},
-                               {"state", {{"running", {{"startedAt", now}}}}}}}}}}},
-                         longhaul::kube::PatchType::kMerge, /*status_subresource=*/true);
-            done_uids.insert(uid);
-            ++kubelet_writes;
-          }
-        } catch (const std::exception&) {
-          ++kubelet_errors;  // a pod went away between list and patch: the next round sees it
+      KubeletQueue& q = queues[k];
+      for (;;) {
+        std::string name;
+        {
+          std::unique_lock lock(q.mu);
+          q.cv.wait(lock, [&] { return stop || !q.pods.empty(); });
+          if (stop) return;
+          name = std::move(q.pods.front());
+          q.pods.pop_front();
         }
-        std::this_thread::sleep_for(200ms);  // sync period
+        // The informer's current view: the pod may have gone or run since it was queued.
+        const auto pod = pods.store().get(ns, name);
+        if (pod == nullptr || (*pod)["metadata"].contains("deletionTimestamp")) continue;
+        const std::string uid = (*pod)["metadata"].value("uid", "");
+        if (done_uids.contains(uid)) continue;
+        try {
+          admin->patch(res::kPods, ns, name, running_status(now_rfc3339()),
+                       longhaul::kube::PatchType::kMerge, /*status_subresource=*/true);
+          done_uids.insert(uid);
+          ++kubelet_writes;
+        } catch (const std::exception&) {
+          ++kubelet_errors;  // the pod went away between its event and the patch
+        }
       }
     });
+  }
+  pods.start();
+
+  // Convergence is counted off a TrainingJob informer: each status change is seen once, as it
+  // happens, instead of listing every job twice a second.
+  std::mutex converged_mu;
+  std::condition_variable converged_cv;
+  std::set<std::string> converged_jobs;  // guarded by converged_mu
+  longhaul::kube::InformerOptions job_options;
+  job_options.resource = res::kTrainingJobs;
+  job_options.ns = ns;
+  longhaul::kube::Informer job_informer(admin, job_options);
+  auto on_job = [&](const json& j) {
+    const std::string key = longhaul::kube::object_key(j);
+    std::lock_guard lock(converged_mu);
+    if (job_converged(j)) {
+      converged_jobs.insert(key);
+    } else {
+      converged_jobs.erase(key);
+    }
+    converged_cv.notify_all();
+  };
+  job_informer.add_handlers({.on_add = on_job,
+                             .on_update = [&](const json&, const json& j) { on_job(j); },
+                             .on_delete = nullptr});
+  job_informer.start();
+  if (!pods.wait_for_sync(std::chrono::minutes(2)) ||
+      !job_informer.wait_for_sync(std::chrono::minutes(2))) {
+    std::fprintf(stderr, "operator_bench: the harness's informers did not sync\n");
+    stop = true;
+    wake_kubelets();
+    for (auto& t : kubelet) t.join();
+    return 1;
   }
 
   const int metrics_port = longhaul::testing::free_loopback_port(),
@@ -453,19 +527,16 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
   const pid_t pid = start_operator(dir / "operator.log", args);
   pids["operator"] = pid;
 
-  // Polled twice a second from the watch cache; a progress line every 5 s.
+  // A progress line every 5 s until every job converged.
   int converged = 0;
   auto last_report = t0;
   const auto deadline = t0 + std::chrono::minutes(timeout_minutes);
   for (;;) {
-    longhaul::kube::ListOptions lo;
-    lo.resource_version = "0";
-    converged = 0;
-    try {
-      const json list = admin->list(res::kTrainingJobs, ns, lo);
-      for (const json& j : list["items"]) converged += job_converged(j) ? 1 : 0;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "listing TrainingJobs: %s\n", e.what());
+    {
+      std::unique_lock lock(converged_mu);
+      converged_cv.wait_until(lock, std::min(deadline, last_report + 5s),
+                              [&] { return static_cast<int>(converged_jobs.size()) == jobs; });
+      converged = static_cast<int>(converged_jobs.size());
     }
     if (converged == jobs || Clock::now() > deadline) break;
     if (Clock::now() - last_report >= 5s) {
@@ -483,7 +554,6 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
                    c.get("operator"), c.get("kube-apiserver"), c.get("etcd"),
                    c.get("kube-controller-manager"), c.get("harness+kubelet"));
     }
-    std::this_thread::sleep_for(500ms);
   }
   const bool done = converged == jobs;
   const double converge_s = since(t0);
@@ -493,7 +563,10 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
                done ? "converged" : "NOT converged", converged, jobs);
 
   stop = true;  // nothing left for the kubelets to do
+  wake_kubelets();
   for (auto& t : kubelet) t.join();
+  pods.stop();
+  job_informer.stop();
   wait_queue_drained(metrics_port);
   const Metrics idle0 = Metrics::scrape(metrics_port);
   const long rss_converged = status_kib(pid, "VmRSS:");
