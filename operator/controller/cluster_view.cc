@@ -31,8 +31,72 @@ bool ApiClusterView::exists(const kube::Resource& r, const std::string& ns,
   }
 }
 
+namespace {
+
+const std::string& resource_version(const json& object) {
+  static const std::string none;
+  const auto md = object.find("metadata");
+  if (md == object.end()) return none;
+  const auto rv = md->find("resourceVersion");
+  return rv != md->end() && rv->is_string() ? rv->get_ref<const std::string&>() : none;
+}
+
+}  // namespace
+
+void JobVersions::saw(const json& job) {
+  const std::string& rv = resource_version(job);
+  std::lock_guard lock(mu_);
+  awaited_[kube::object_key(job)] = rv;
+}
+
+void JobVersions::conflicted(const std::string& key) {
+  std::lock_guard lock(mu_);
+  awaited_[key] = "";
+}
+
+void JobVersions::forget(const std::string& key) {
+  std::lock_guard lock(mu_);
+  awaited_.erase(key);
+}
+
+bool JobVersions::usable(const std::string& key, const json* cached) {
+  if (cached == nullptr) return false;
+  std::lock_guard lock(mu_);
+  const auto it = awaited_.find(key);
+  if (it == awaited_.end()) return true;
+  if (it->second.empty() || it->second != resource_version(*cached)) return false;
+  awaited_.erase(it);  // the cache has caught up
+  return true;
+}
+
+size_t JobVersions::awaited() const {
+  std::lock_guard lock(mu_);
+  return awaited_.size();
+}
+
 json InformerClusterView::get_job(const std::string& ns, const std::string& name) {
-  return client_.get(res::kTrainingJobs, ns, name);
+  const std::string key = kube::object_key(ns, name);
+  for (const auto& inf : job_informers_) {
+    if (const kube::ObjectPtr cached = inf->store().get(key);
+        cached != nullptr && versions_.usable(key, cached.get())) {
+      return *cached;
+    }
+  }
+  // Not cached yet (or gone), or older than what the operator wrote: the API has it. The cache
+  // is used again once it shows this version.
+  json job = client_.get(res::kTrainingJobs, ns, name);
+  versions_.saw(job);
+  return job;
+}
+
+void InformerClusterView::wrote_job(const json& job) { versions_.saw(job); }
+
+void InformerClusterView::job_write_conflicted(const std::string& ns, const std::string& name) {
+  versions_.conflicted(kube::object_key(ns, name));
+}
+
+void InformerClusterView::forget_job(const std::string& ns, const std::string& name) {
+  versions_.forget(kube::object_key(ns, name));
 }
 
 std::vector<json> InformerClusterView::list_pods(const std::string& ns, const std::string& job) {

@@ -58,7 +58,8 @@ void trim_cached_pod(json& pod) {
 Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
                        ControllerOptions options)
     : client_(std::move(client)), options_(std::move(options)) {
-  view_ = std::make_unique<InformerClusterView>(*client_, pod_informers_, child_informers_);
+  view_ = std::make_unique<InformerClusterView>(*client_, job_informers_, pod_informers_,
+                                                child_informers_);
   if (events == nullptr) {
     own_events_ =
         std::make_unique<RecorderEventSink>(std::make_shared<kube::EventRecorder>(client_));

@@ -537,6 +537,7 @@ bool Reconciler::Pass::fetch() {
 // Drops what the reconciler remembers of a job that is gone, and reports no phase.
 ReconcileResult Reconciler::Pass::forget() {
   r.expectations_.forget(key);
+  r.view_->forget_job(ns, name);
   r.progress_->forget(key);
   {
     std::lock_guard lock(r.create_mu_);
@@ -1178,7 +1179,13 @@ void Reconciler::Pass::write_status() {
   kube::throw_if_stop_requested("update status of TrainingJob " + key);
   json updated = job;
   updated["status"] = new_status;
-  job = r.client_.update_status(res::kTrainingJobs, ns, updated);
+  try {
+    job = r.client_.update_status(res::kTrainingJobs, ns, updated);
+  } catch (const kube::ConflictError&) {
+    r.view_->job_write_conflicted(ns, name);  // the job changed: the next pass reads it fresh
+    throw;
+  }
+  r.view_->wrote_job(job);  // the next pass must not decide on an older status than this
   old_status = std::move(out);
 }
 
