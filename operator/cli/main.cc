@@ -44,7 +44,7 @@ struct Flags {
   std::vector<std::string> namespaces;
   bool leader_elect = true;
   int metrics_port = 8080, health_port = 8081, workers = 4, burst = 30;
-  double qps = 20, lease_duration = 15, renew_deadline = 10, retry_period = 2;
+  double qps = 0, lease_duration = 15, renew_deadline = 10, retry_period = 2;
   std::string bind_address = "0.0.0.0", log_level;
 };
 
@@ -67,8 +67,10 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--metrics-port", f.metrics_port, "port of /metrics (0: any free port)");
   app.add_option("--health-port", f.health_port, "port of /healthz and /readyz (0: any free port)");
   app.add_option("--workers", f.workers, "reconcile worker threads")->check(CLI::Range(1, 256));
-  app.add_option("--qps", f.qps, "client-side API request rate (<= 0: unlimited)");
-  app.add_option("--burst", f.burst, "client-side API request burst");
+  app.add_option("--qps", f.qps,
+                 "client-side API request rate limit (<= 0, the default: none; the API server's "
+                 "Priority and Fairness queues and sheds load, and 429s are retried)");
+  app.add_option("--burst", f.burst, "client-side API request burst (with --qps > 0)");
   app.add_option("--log-level", f.log_level,
                  "debug|info|warning|error (default: LONGHAUL_LOG_LEVEL)")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
