@@ -224,6 +224,16 @@ INSTANTIATE_TEST_SUITE_P(
                   s["runPolicy"] = {{"backoffLimit", -1}};
                 },
                 "spec.runPolicy.backoffLimit", ""},
+        Invalid{"BackoffLimitBeyondInt32",
+                [](json& s) {
+                  s["runPolicy"] = {{"backoffLimit", 2147483648LL}};
+                },
+                "spec.runPolicy.backoffLimit", "2147483647"},
+        Invalid{"BackoffMaxSecondsBeyondInt32",
+                [](json& s) {
+                  s["runPolicy"] = {{"backoff", {{"maxSeconds", 4294967296LL}}}};
+                },
+                "spec.runPolicy.backoff.maxSeconds", "2147483647"},
         Invalid{"ExitCodeZeroIsNotRetryable",
                 [](json& s) {
                   s["runPolicy"] = {{"retryableExitCodes", {0}}};
