@@ -90,10 +90,13 @@ Controller::Controller(std::shared_ptr<kube::Client> client, EventSink* events,
       o.ns = ns;
       o.label_selector = selector;
       o.watch_timeout = options_.watch_timeout;
-      // The caches keep what the operator reads (informer.h); no cached object is written back.
-      // A job's pods are looked up by its name label.
+      // The caches keep what the operator reads (informer.h). The job's status is written from
+      // its cached copy: it keeps everything but managedFields, which the server keeps. A job's
+      // pods are looked up by its name label.
       const bool pods = r.kind == res::kPods.kind;
-      o.transform = pods ? trim_cached_pod : kube::strip_for_cache;
+      o.transform = pods                                ? trim_cached_pod
+                    : r.kind == res::kTrainingJobs.kind ? kube::strip_managed_fields
+                                                        : kube::strip_for_cache;
       if (pods) o.indexed_labels = {std::string(api::kLabelJobName)};
       return std::make_unique<kube::Informer>(client_, o);
     };

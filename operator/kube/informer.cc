@@ -51,6 +51,12 @@ constexpr const char* kLastAppliedAnnotation = "kubectl.kubernetes.io/last-appli
 
 }  // namespace
 
+void strip_managed_fields(json& object) {
+  if (!object.is_object()) return;
+  auto metadata = object.find("metadata");
+  if (metadata != object.end() && metadata->is_object()) metadata->erase("managedFields");
+}
+
 void strip_for_cache(json& object) {
   if (!object.is_object()) return;
   auto metadata = object.find("metadata");

@@ -366,6 +366,13 @@ TEST(StripForCacheTest, DropsManagedFieldsAndLastAppliedKeepsTheRest) {
   json not_an_object = json::array({1, 2});
   strip_for_cache(not_an_object);
   EXPECT_EQ(not_an_object, json::array({1, 2}));
+
+  // For objects written back: managedFields only; kubectl's annotation stays.
+  json written_back = pod_as_served("c", "7");
+  json kept = written_back;
+  kept["metadata"].erase("managedFields");
+  strip_managed_fields(written_back);
+  EXPECT_EQ(written_back, kept);
 }
 
 // The transform applies to listed objects and to every watch event before the store and the

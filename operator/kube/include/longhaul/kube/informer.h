@@ -13,10 +13,10 @@
 //
 // Transform: an optional function applied to every object (list items and watch events alike)
 // before it enters the store and reaches the handlers, client-go's SetTransform. A cache for an
-// operator's reads keeps only what it reads: strip_for_cache drops metadata.managedFields and
-// kubectl's last-applied-configuration annotation, which are often most of an object's bytes.
-// Objects in the store are therefore not what the server holds: never PUT one back (a patch, or
-// an update of a fresh GET, is what writes should use).
+// operator's reads keeps only what it reads: strip_managed_fields drops metadata.managedFields,
+// often half of an object's bytes, and strip_for_cache also kubectl's last-applied-configuration
+// annotation. A stored object is then not what the server holds: PUT one back only if the
+// transform dropped nothing but managedFields (the server keeps those; see strip_for_cache).
 //
 // Thread-safety: Store reads and Informer methods are safe from any thread. Objects are handed
 // out as shared_ptr<const json> snapshots that never change.
@@ -87,11 +87,16 @@ struct ResourceEventHandlers {
   std::function<void(const json& object)> on_delete;  // the last known state
 };
 
-// Drops what a cache of objects that are only read does not need: metadata.managedFields (the
-// server's field ownership: every field's path again, per writer) and the
-// kubectl.kubernetes.io/last-applied-configuration annotation (the whole object again, as
-// text); an annotations map left empty goes too. Anything else is kept. Not for objects that
-// are written back with PUT.
+// Drops metadata.managedFields (the server's field ownership: every field's path again, per
+// writer). Safe for objects that are written back with PUT (also to /status): the server keeps
+// the managedFields a write omits.
+void strip_managed_fields(json& object);
+
+// strip_managed_fields, and the kubectl.kubernetes.io/last-applied-configuration annotation (the
+// whole object again, as text); an annotations map left empty goes too. Anything else is kept.
+// Only for objects that are never written back: a PUT without the annotation keeps it when it
+// goes to /status, but takes its writer's ownership of it away (checked on the real API server:
+// tests/operator/cache_real_test.cc).
 void strip_for_cache(json& object);
 
 // Applies to an object in place before the store and the handlers see it. Should not throw: an
