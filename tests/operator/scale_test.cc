@@ -10,7 +10,6 @@
 namespace longhaul::testing {
 namespace {
 
-
 class Scale : public FakeServerScenario {
  protected:
   void restart_operator() {
