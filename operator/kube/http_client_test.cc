@@ -358,15 +358,21 @@ std::string event_line(const std::string& type, const json& object) {
   return json{{"type", type}, {"object", object}}.dump() + "\n";
 }
 
-TEST(HttpClientWatchTest, StreamsEventsAsTheyArrive) {
-  LineChannel lines;
-  TestHttpServer server([&](const Request&, ResponseWriter& writer) {
+// A watch endpoint that streams what the test puts into `lines`, one chunk each, and ends the
+// response once `lines` is closed.
+auto stream_lines(LineChannel& lines) {
+  return [&lines](const Request&, ResponseWriter& writer) {
     writer.start_stream(200);
     while (auto line = lines.pop(writer)) {
       if (!writer.write_chunk(*line)) return;
     }
     writer.end_stream();
-  });
+  };
+}
+
+TEST(HttpClientWatchTest, StreamsEventsAsTheyArrive) {
+  LineChannel lines;
+  TestHttpServer server(stream_lines(lines));
   auto client = client_for(server);
   ListOptions opts;
   opts.resource_version = "7";
@@ -417,13 +423,7 @@ TEST(HttpClientWatchTest, StreamsEventsAsTheyArrive) {
 // keep-alive lines, and a last event without its newline when the server ends the response.
 TEST(HttpClientWatchTest, CutsLinesFromAnyChunking) {
   LineChannel lines;
-  TestHttpServer server([&](const Request&, ResponseWriter& writer) {
-    writer.start_stream(200);
-    while (auto line = lines.pop(writer)) {
-      if (!writer.write_chunk(*line)) return;
-    }
-    writer.end_stream();
-  });
+  TestHttpServer server(stream_lines(lines));
   auto client = client_for(server);
   auto stream = client->watch(resources::kPods, "ns", ListOptions{});
   json big = pod("big");
