@@ -448,7 +448,8 @@ TrainingProgress parse_progress(const json& v) {
                           lenient<int64_t>(v, "lastCheckpointStep", 0),
                           lenient<std::string>(v, "lastCheckpointTime", ""),
                           lenient<std::string>(v, "observedTime", ""),
-                          lenient<std::string>(v, "steps", "")};
+                          lenient<std::string>(v, "steps", ""),
+                          lenient<std::string>(v, "pod", "")};
 }
 
 // Per-pod records, compactly: pods "<prefix>-<index>" with equal records share one key
@@ -497,6 +498,7 @@ json progress_json(const TrainingProgress& p) {
   }
   if (!p.observed_time.empty()) j["observedTime"] = p.observed_time;
   if (!p.steps.empty()) j["steps"] = p.steps;
+  if (!p.pod.empty()) j["pod"] = p.pod;
   return j;
 }
 

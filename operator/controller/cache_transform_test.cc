@@ -143,7 +143,7 @@ TEST(TrimCachedPodTest, ReadersDecideTheSameOnTrimmedPods) {
     }
   }
   EXPECT_EQ(metrics_endpoint(trimmed(served_pod(statuses[1]))),
-            (MetricsEndpoint{"10.0.0.7", 9400}));
+            (MetricsEndpoint{"10.0.0.7", 9400, "j-worker-0"}));
 }
 
 // The reconciler reading pods through a view that serves them as the operator's cache does
@@ -227,7 +227,7 @@ TEST_F(TrimmedCacheReconcilerTest, JobLifeIsTheSame) {
   reconcile();
   {
     std::lock_guard lock(mu);
-    EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.7", 9400}));
+    EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.7", 9400, "j-chief-0"}));
   }
   EXPECT_EQ(client.get(res::kTrainingJobs, "ns", "j")["status"]["progress"]["step"], 1200);
 

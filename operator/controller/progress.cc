@@ -127,7 +127,9 @@ std::optional<MetricsEndpoint> metrics_endpoint(const json& pod) {
       const auto number = port.find("containerPort");
       if (number == port.end() || !number->is_number_integer()) continue;
       const int p = number->get<int>();
-      if (p > 0 && p < 65536) return MetricsEndpoint{ip, p};
+      if (p > 0 && p < 65536) {
+        return MetricsEndpoint{ip, p, pod.value("metadata", json::object()).value("name", "")};
+      }
     }
   }
   return std::nullopt;
@@ -271,6 +273,7 @@ std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
   }
   next.steps = std::to_string(sample.step) +
                (sample.max_steps > 0 ? "/" + std::to_string(sample.max_steps) : std::string());
+  next.pod = sample.pod;
   if (status.progress) {
     // A chief at step 0 without a checkpoint has not restored yet (a restarted incarnation
     // serves its metrics before its session starts): never a step back to 0 over a recorded one.
@@ -411,6 +414,7 @@ void ProgressTracker::scrape_loop() {
         if (!s) {
           error = "no longhaul_train_global_step in its /metrics";
         } else if (s->is_chief == 1 || (s->is_chief < 0 && endpoint == read.tf_config_chief)) {
+          s->pod = endpoint.pod;
           sample = s;
           answered = endpoint;
           break;
@@ -435,7 +439,7 @@ void ProgressTracker::scrape_loop() {
         e.failing = false;
         if (e.chief != answered) {
           LH_LOG(INFO) << "reading the training progress from the pod that holds the chief role"
-                       << kv("job", read.key)
+                       << kv("job", read.key) << kv("pod", answered->pod)
                        << kv("endpoint", answered->host + ":" + std::to_string(answered->port));
         }
         e.chief = answered;

@@ -97,8 +97,9 @@ INSTANTIATE_TEST_SUITE_P(
         ParseCase{"AStepThatIsNotANumberIsNoProgress", "longhaul_train_global_step +Inf\n",
                   std::nullopt}));
 
-json chief_pod(const std::string& phase, const std::string& ip, const json& ports) {
-  json pod = {{"metadata", {{"name", "j-chief-0"}}}};
+json chief_pod(const std::string& phase, const std::string& ip, const json& ports,
+               const std::string& name = "j-chief-0") {
+  json pod = {{"metadata", {{"name", name}}}};
   pod["spec"]["containers"] =
       json::array({json{{"name", "sidecar"}}, json{{"name", "trainer"}, {"ports", ports}}});
   pod["status"] = {{"phase", phase}, {"podIP", ip}};
@@ -109,9 +110,9 @@ TEST(MetricsEndpointTest, IsTheRunningChiefsPortNamedMetrics) {
   const json ports = {{{"name", "http"}, {"containerPort", 80}},
                       {{"name", "metrics"}, {"containerPort", 9400}}};
   EXPECT_EQ(metrics_endpoint(chief_pod("Running", "10.1.2.3", ports)),
-            (MetricsEndpoint{"10.1.2.3", 9400}));
-  EXPECT_EQ(metrics_endpoint(chief_pod("Running", "fd00::5", ports)),
-            (MetricsEndpoint{"fd00::5", 9400}));
+            (MetricsEndpoint{"10.1.2.3", 9400, "j-chief-0"}));
+  EXPECT_EQ(metrics_endpoint(chief_pod("Running", "fd00::5", ports, "j-worker-3")),
+            (MetricsEndpoint{"fd00::5", 9400, "j-worker-3"}));
   EXPECT_EQ(metrics_endpoint(chief_pod("Pending", "10.1.2.3", ports)), std::nullopt);
   EXPECT_EQ(metrics_endpoint(chief_pod("Running", "", ports)), std::nullopt);
   EXPECT_EQ(metrics_endpoint(
@@ -153,6 +154,12 @@ TEST(ApplyProgressTest, WritesTheSampleOnceWithTheStepColumnAndCheckpointTime) {
   EXPECT_EQ(api::to_json(bare)["progress"],
             json::parse(R"({"step": 7, "steps": "7", "observedTime": "2026-11-21T13:00:00Z"})"));
   EXPECT_EQ(api::parse_status(api::to_json(bare)), bare);
+
+  // The pod that answered is recorded (status.progress.pod) and round-trips.
+  api::TrainingJobStatus from;
+  apply_progress(from, {7, 0, 0, 0, 1, "j-worker-0"}, 30s, now);
+  EXPECT_EQ(api::to_json(from)["progress"]["pod"], "j-worker-0");
+  EXPECT_EQ(api::parse_status(api::to_json(from)), from);
 }
 
 TEST(ApplyProgressTest, UnchangedValuesChangeNothingEvenAfterTheInterval) {
@@ -390,8 +397,8 @@ TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
   ProgressTracker tracker(o);
   const json ports = {{{"name", "metrics"}, {"containerPort", 9400}}};
   const json chief = chief_pod("Running", "10.0.0.7", ports);
-  const json worker0 = chief_pod("Running", "10.0.0.8", ports);
-  const json worker1 = chief_pod("Running", "10.0.0.9", ports);
+  const json worker0 = chief_pod("Running", "10.0.0.8", ports, "j-worker-0");
+  const json worker1 = chief_pod("Running", "10.0.0.9", ports, "j-worker-1");
   {
     std::lock_guard lock(pods.mu);
     pods.exposition = {
@@ -407,6 +414,7 @@ TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
   reconcile(&chief);
   ASSERT_TRUE(st.progress);
   EXPECT_EQ(st.progress->step, 100);
+  EXPECT_EQ(st.progress->pod, "j-chief-0");
   EXPECT_EQ(pods.reads["10.0.0.8"], 0) << "a steady chief costs one read";
 
   // The chief pod is gone (being re-created): the workers are asked; worker 0 holds the role.
@@ -419,6 +427,7 @@ TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
   now += 11s;
   reconcile(nullptr);
   EXPECT_EQ(st.progress->step, 150);
+  EXPECT_EQ(st.progress->pod, "j-worker-0") << "status names the pod that holds the role now";
 
   // The re-created chief pod runs as a worker (says 0, its step still 0): the tracker stays
   // with worker 0 and reads only it, once per interval.
@@ -434,6 +443,7 @@ TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
     reconcile(&rejoined);
   }
   EXPECT_EQ(st.progress->step, 170);
+  EXPECT_EQ(st.progress->pod, "j-worker-0");
   EXPECT_EQ(pods.reads["10.0.0.8"], 3);
   EXPECT_EQ(pods.reads["10.0.0.17"], 0);
   EXPECT_EQ(pods.reads["10.0.0.9"], 0);
@@ -456,6 +466,7 @@ TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
   now += 11s;
   reconcile(&rejoined);
   EXPECT_EQ(st.progress->step, 190);
+  EXPECT_EQ(st.progress->pod, "j-chief-0");
 }
 
 // ---- fetch_metrics against real sockets

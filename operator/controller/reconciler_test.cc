@@ -789,12 +789,13 @@ TEST_F(ReconcilerTest, ChiefProgressAppearsInStatusFromItsMetricsPort) {
   start_running();
   set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
   const ReconcileResult r = reconcile_after_read();
-  EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.7", 9400}));
+  EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.7", 9400, "j-chief-0"}));
   const json progress = status_json()["progress"];
   EXPECT_EQ(progress, json::parse(R"({"step": 1200, "maxSteps": 5000, "steps": "1200/5000",
                                       "lastCheckpointStep": 1000,
                                       "lastCheckpointTime": "2025-11-21T13:00:00Z",
-                                      "observedTime": "2026-11-21T13:00:00Z"})"));
+                                      "observedTime": "2026-11-21T13:00:00Z",
+                                      "pod": "j-chief-0"})"));
   // A running job with a readable chief comes back for the next read.
   ASSERT_TRUE(r.requeue_after);
   EXPECT_LE(*r.requeue_after, std::chrono::milliseconds(31000));
@@ -902,7 +903,7 @@ TEST_F(ReconcilerTest, ProgressSurvivesARestartAndTheNewChiefIsRead) {
   set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.8"}});
   now += std::chrono::seconds(31);
   reconcile_after_read();
-  EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.8", 9400}));
+  EXPECT_EQ(read_from, (MetricsEndpoint{"10.0.0.8", 9400, "j-chief-0"}));
   EXPECT_EQ(status().progress->steps, "810/5000");
 }
 

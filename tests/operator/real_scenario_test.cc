@@ -682,8 +682,8 @@ TEST_F(RealScenario, StatusOfThePreviousOperatorVersionIsReadOnUpgrade) {
 }
 
 // The chief's progress as the operator writes it (read from a loopback server standing in for
-// longhaul-worker's /metrics): the real server accepts it and serves the STEP and LAST-CKPT
-// columns of `kubectl get tj` from it.
+// longhaul-worker's /metrics): the real server accepts it, keeps the pod it was read from, and
+// serves the STEP and LAST-CKPT columns of `kubectl get tj` from it.
 TEST_F(RealScenario, ChiefProgressFromItsMetricsShowsInKubectlGet) {
   const int64_t checkpoint_unix =
       std::chrono::duration_cast<std::chrono::seconds>(
@@ -713,6 +713,8 @@ TEST_F(RealScenario, ChiefProgressFromItsMetricsShowsInKubectlGet) {
     const auto p = status().progress;
     return p && p->steps == "1200/5000";
   })) << api::to_json(status()).dump();
+  EXPECT_EQ(status().progress->pod, "j-chief-0")
+      << "the server keeps status.progress.pod (the pod read from) in its schema";
   // Refused as invalid, never (a 409 from a concurrent write is ordinary and retried).
   for (const std::string& w : operator_writes("trainingjobs")) {
     EXPECT_NE(w.substr(w.size() - 4), " 422") << "a status write the server refused: " << w;

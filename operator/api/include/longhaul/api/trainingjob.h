@@ -235,6 +235,10 @@ struct TrainingProgress {
   std::string last_checkpoint_time;  // RFC 3339
   std::string observed_time;         // RFC 3339: when the operator recorded these values
   std::string steps;                 // "1200/5000" (the STEP column); "1200" without max_steps
+  // The pod these values were read from: the one holding the chief role, which after the
+  // TF_CONFIG chief was lost and replaced in place is a promoted worker (status.chiefPod still
+  // names the TF_CONFIG chief).
+  std::string pod;
   bool operator==(const TrainingProgress&) const = default;
 };
 

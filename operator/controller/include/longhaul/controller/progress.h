@@ -61,6 +61,7 @@ struct ProgressSample {
   int64_t last_checkpoint_step = 0;  // meaningful only with last_checkpoint_unix > 0
   int64_t last_checkpoint_unix = 0;  // seconds since the epoch; 0: no checkpoint yet
   int is_chief = -1;                 // longhaul_worker_is_chief: 1, 0, or -1 when not exported
+  std::string pod;                   // the pod that answered (set by the tracker)
   bool operator==(const ProgressSample&) const = default;
 };
 
@@ -74,6 +75,7 @@ std::optional<ProgressSample> parse_progress_metrics(std::string_view exposition
 struct MetricsEndpoint {
   std::string host;  // the pod IP (IPv4 or IPv6)
   int port = 0;
+  std::string pod;  // the pod's name
   bool operator==(const MetricsEndpoint&) const = default;
 };
 
