@@ -340,6 +340,145 @@ json running_status(const std::string& now) {
                {"state", {{"running", {{"startedAt", now}}}}}}}}}}};
 }
 
+// The kubelets of a cluster whose pods are never bound (there is no scheduler). A pod informer
+// (a list, then a watch, as a kubelet watches the pods bound to its node) hands each new
+// Pending pod to one of `n` threads, by name, which reports it Running and Ready as the kubelet
+// of the pod's node would. Every pod event is sent once, not once per kubelet, and nothing is
+// listed again and again. (Until 2026-11-25 the kubelets polled a list of the Pending pods
+// every 200 ms: API server CPU a cluster's kubelets do not cost.) The destructor stops the
+// threads and the informer, on every path.
+class SimulatedKubelets {
+ public:
+  SimulatedKubelets(std::shared_ptr<longhaul::kube::Client> client, std::string ns, int n)
+      : client_(std::move(client)), ns_(std::move(ns)), queues_(n), pods_(client_, [&] {
+          longhaul::kube::InformerOptions o;
+          o.resource = res::kPods;
+          o.ns = ns_;
+          return o;
+        }()) {
+    pods_.add_handlers({.on_add = [this](const json& pod) { enqueue(pod); },
+                        .on_update = [this](const json&, const json& pod) { enqueue(pod); },
+                        .on_delete = nullptr});
+    for (Queue& q : queues_) threads_.emplace_back([this, &q] { run(q); });
+    pods_.start();
+  }
+  ~SimulatedKubelets() { stop(); }
+
+  bool wait_for_sync(std::chrono::milliseconds timeout) { return pods_.wait_for_sync(timeout); }
+  void stop() {
+    stop_ = true;
+    for (Queue& q : queues_) {
+      std::lock_guard lock(q.mu);
+      q.cv.notify_all();
+    }
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    pods_.stop();
+  }
+  long writes() const { return writes_.load(); }
+  long errors() const { return errors_.load(); }
+
+ private:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> pods;  // names of Pending pods; guarded by mu
+  };
+
+  void enqueue(const json& pod) {
+    const json& md = pod["metadata"];
+    if (md.contains("deletionTimestamp")) return;
+    if (pod.value("status", json::object()).value("phase", "Pending") != "Pending") return;
+    const std::string name = md["name"].get<std::string>();
+    Queue& q = queues_[std::hash<std::string>{}(name) % queues_.size()];
+    std::lock_guard lock(q.mu);
+    q.pods.push_back(name);
+    q.cv.notify_one();
+  }
+
+  void run(Queue& q) {
+    std::set<std::string> done_uids;
+    for (;;) {
+      std::string name;
+      {
+        std::unique_lock lock(q.mu);
+        q.cv.wait(lock, [&] { return stop_ || !q.pods.empty(); });
+        if (stop_) return;
+        name = std::move(q.pods.front());
+        q.pods.pop_front();
+      }
+      // The informer's current view: the pod may have gone or run since it was queued.
+      const auto pod = pods_.store().get(ns_, name);
+      if (pod == nullptr || (*pod)["metadata"].contains("deletionTimestamp")) continue;
+      const std::string uid = (*pod)["metadata"].value("uid", "");
+      if (done_uids.contains(uid)) continue;
+      try {
+        client_->patch(res::kPods, ns_, name, running_status(now_rfc3339()),
+                       longhaul::kube::PatchType::kMerge, /*status_subresource=*/true);
+        done_uids.insert(uid);
+        ++writes_;
+      } catch (const std::exception&) {
+        ++errors_;  // the pod went away between its event and the patch
+      }
+    }
+  }
+
+  const std::shared_ptr<longhaul::kube::Client> client_;
+  const std::string ns_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> writes_{0}, errors_{0};
+  std::vector<Queue> queues_;
+  std::vector<std::thread> threads_;
+  longhaul::kube::Informer pods_;
+};
+
+// The TrainingJobs that converged, counted off an informer: each status change is seen once, as
+// it happens, instead of listing every job twice a second.
+class ConvergedJobs {
+ public:
+  ConvergedJobs(std::shared_ptr<longhaul::kube::Client> client, const std::string& ns)
+      : jobs_(std::move(client), [&] {
+          longhaul::kube::InformerOptions o;
+          o.resource = res::kTrainingJobs;
+          o.ns = ns;
+          return o;
+        }()) {
+    jobs_.add_handlers({.on_add = [this](const json& j) { observe(j); },
+                        .on_update = [this](const json&, const json& j) { observe(j); },
+                        .on_delete = nullptr});
+    jobs_.start();
+  }
+  ~ConvergedJobs() { stop(); }
+
+  void stop() { jobs_.stop(); }
+
+  bool wait_for_sync(std::chrono::milliseconds timeout) { return jobs_.wait_for_sync(timeout); }
+  // Waits until `n` jobs converged or `until`; returns how many have.
+  int wait(int n, Clock::time_point until) {
+    std::unique_lock lock(mu_);
+    cv_.wait_until(lock, until, [&] { return static_cast<int>(converged_.size()) == n; });
+    return static_cast<int>(converged_.size());
+  }
+
+ private:
+  void observe(const json& j) {
+    const std::string key = longhaul::kube::object_key(j);
+    std::lock_guard lock(mu_);
+    if (job_converged(j)) {
+      converged_.insert(key);
+    } else {
+      converged_.erase(key);
+    }
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> converged_;  // guarded by mu_
+  longhaul::kube::Informer jobs_;    // last: stopped before the members its handlers use
+};
+
 // CPU seconds per process of interest, sampled together.
 struct CpuTimes {
   std::map<std::string, double> by;  // operator, kube-apiserver, etcd, kube-controller-manager
@@ -409,104 +548,11 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
   }
   std::fprintf(stderr, "[%6.1fs] %d TrainingJobs created\n", since(t_start), jobs);
 
-  // The kubelets. A pod informer (a list, then a watch, as a kubelet watches the pods bound to
-  // its node) hands each new Pending pod to one of `kubelets` threads, by name, which reports it
-  // Running and Ready as the kubelet of the pod's node would. Every pod event is sent once, not
-  // once per kubelet, and nothing is listed again and again. (Until 2026-11-25 the kubelets
-  // polled a list of the Pending pods every 200 ms: API server CPU a cluster's kubelets do not
-  // cost.)
-  std::atomic<bool> stop{false};
-  std::atomic<long> kubelet_writes{0}, kubelet_errors{0};
-  struct KubeletQueue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::string> pods;  // names of Pending pods; guarded by mu
-  };
-  std::vector<KubeletQueue> queues(kubelets);
-  auto wake_kubelets = [&] {
-    for (auto& q : queues) {
-      std::lock_guard lock(q.mu);
-      q.cv.notify_all();
-    }
-  };
-  longhaul::kube::InformerOptions pod_options;
-  pod_options.resource = res::kPods;
-  pod_options.ns = ns;
-  longhaul::kube::Informer pods(admin, pod_options);
-  auto on_pod = [&](const json& pod) {
-    const json& md = pod["metadata"];
-    if (md.contains("deletionTimestamp")) return;
-    if (pod.value("status", json::object()).value("phase", "Pending") != "Pending") return;
-    const std::string name = md["name"].get<std::string>();
-    KubeletQueue& q = queues[std::hash<std::string>{}(name) % queues.size()];
-    std::lock_guard lock(q.mu);
-    q.pods.push_back(name);
-    q.cv.notify_one();
-  };
-  pods.add_handlers({.on_add = on_pod,
-                     .on_update = [&](const json&, const json& pod) { on_pod(pod); },
-                     .on_delete = nullptr});
-  std::vector<std::thread> kubelet;
-  for (int k = 0; k < kubelets; ++k) {
-    kubelet.emplace_back([&, k] {
-      std::set<std::string> done_uids;
-      KubeletQueue& q = queues[k];
-      for (;;) {
-        std::string name;
-        {
-          std::unique_lock lock(q.mu);
-          q.cv.wait(lock, [&] { return stop || !q.pods.empty(); });
-          if (stop) return;
-          name = std::move(q.pods.front());
-          q.pods.pop_front();
-        }
-        // The informer's current view: the pod may have gone or run since it was queued.
-        const auto pod = pods.store().get(ns, name);
-        if (pod == nullptr || (*pod)["metadata"].contains("deletionTimestamp")) continue;
-        const std::string uid = (*pod)["metadata"].value("uid", "");
-        if (done_uids.contains(uid)) continue;
-        try {
-          admin->patch(res::kPods, ns, name, running_status(now_rfc3339()),
-                       longhaul::kube::PatchType::kMerge, /*status_subresource=*/true);
-          done_uids.insert(uid);
-          ++kubelet_writes;
-        } catch (const std::exception&) {
-          ++kubelet_errors;  // the pod went away between its event and the patch
-        }
-      }
-    });
-  }
-  pods.start();
-
-  // Convergence is counted off a TrainingJob informer: each status change is seen once, as it
-  // happens, instead of listing every job twice a second.
-  std::mutex converged_mu;
-  std::condition_variable converged_cv;
-  std::set<std::string> converged_jobs;  // guarded by converged_mu
-  longhaul::kube::InformerOptions job_options;
-  job_options.resource = res::kTrainingJobs;
-  job_options.ns = ns;
-  longhaul::kube::Informer job_informer(admin, job_options);
-  auto on_job = [&](const json& j) {
-    const std::string key = longhaul::kube::object_key(j);
-    std::lock_guard lock(converged_mu);
-    if (job_converged(j)) {
-      converged_jobs.insert(key);
-    } else {
-      converged_jobs.erase(key);
-    }
-    converged_cv.notify_all();
-  };
-  job_informer.add_handlers({.on_add = on_job,
-                             .on_update = [&](const json&, const json& j) { on_job(j); },
-                             .on_delete = nullptr});
-  job_informer.start();
-  if (!pods.wait_for_sync(std::chrono::minutes(2)) ||
-      !job_informer.wait_for_sync(std::chrono::minutes(2))) {
+  SimulatedKubelets kubelet(admin, ns, kubelets);
+  ConvergedJobs converged_jobs(admin, ns);
+  if (!kubelet.wait_for_sync(std::chrono::minutes(2)) ||
+      !converged_jobs.wait_for_sync(std::chrono::minutes(2))) {
     std::fprintf(stderr, "operator_bench: the harness's informers did not sync\n");
-    stop = true;
-    wake_kubelets();
-    for (auto& t : kubelet) t.join();
     return 1;
   }
 
@@ -532,12 +578,7 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
   auto last_report = t0;
   const auto deadline = t0 + std::chrono::minutes(timeout_minutes);
   for (;;) {
-    {
-      std::unique_lock lock(converged_mu);
-      converged_cv.wait_until(lock, std::min(deadline, last_report + 5s),
-                              [&] { return static_cast<int>(converged_jobs.size()) == jobs; });
-      converged = static_cast<int>(converged_jobs.size());
-    }
+    converged = converged_jobs.wait(jobs, std::min(deadline, last_report + 5s));
     if (converged == jobs || Clock::now() > deadline) break;
     if (Clock::now() - last_report >= 5s) {
       last_report = Clock::now();
@@ -550,7 +591,7 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
       std::fprintf(stderr,
                    "[%6.1fs] converged %d/%d, pods Running %ld/%d, operator requests %.0f; CPU s: "
                    "operator %.1f apiserver %.1f etcd %.1f kcm %.1f harness %.1f\n",
-                   since(t0), converged, jobs, kubelet_writes.load(), 4 * jobs, requests,
+                   since(t0), converged, jobs, kubelet.writes(), 4 * jobs, requests,
                    c.get("operator"), c.get("kube-apiserver"), c.get("etcd"),
                    c.get("kube-controller-manager"), c.get("harness+kubelet"));
     }
@@ -562,11 +603,8 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
   std::fprintf(stderr, "[%6.1fs] %s: %d/%d jobs Running 4/4\n", converge_s,
                done ? "converged" : "NOT converged", converged, jobs);
 
-  stop = true;  // nothing left for the kubelets to do
-  wake_kubelets();
-  for (auto& t : kubelet) t.join();
-  pods.stop();
-  job_informer.stop();
+  kubelet.stop();  // nothing left for the kubelets to do
+  converged_jobs.stop();
   wait_queue_drained(metrics_port);
   const Metrics idle0 = Metrics::scrape(metrics_port);
   const long rss_converged = status_kib(pid, "VmRSS:");
@@ -605,7 +643,7 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
   row("operator API requests while converging", fmt("%.0f", at_converge.requests()));
   row("operator API writes while converging", fmt("%.0f", at_converge.writes()));
   row("kubelet status writes (not the operator's)",
-      fmt("%.0f", static_cast<double>(kubelet_writes.load())));
+      fmt("%.0f", static_cast<double>(kubelet.writes())));
   row("operator API writes/min once converged (target 0)",
       fmt("%.1f", 60.0 * (idle1.writes() - idle0.writes()) / idle_seconds));
   row("operator API requests/min once converged",
@@ -629,7 +667,7 @@ int run_real(int jobs, int workers, int idle_seconds, double qps, int burst, int
     }
   }
   std::printf("\n");
-  if (kubelet_errors > 0) std::printf("  kubelet request errors: %ld\n", kubelet_errors.load());
+  if (kubelet.errors() > 0) std::printf("  kubelet request errors: %ld\n", kubelet.errors());
   plane->stop();
   return done ? 0 : 1;
 }
