@@ -25,6 +25,16 @@ json default_spec() {
   })");
 }
 
+// A 422 as the API server answers a create it finds invalid: one cause naming `field`.
+kube::InvalidError invalid(const std::string& what, const std::string& object,
+                           const std::string& field, const std::string& cause) {
+  kube::InvalidError e(422, what);
+  e.set_status(
+      object + " is invalid: " + field + ": " + cause,
+      json::array({{{"reason", "FieldValueInvalid"}, {"message", cause}, {"field", field}}}));
+  return e;
+}
+
 class ReconcilerTest : public testing::ReconcilerHarness {
  protected:
   ReconcilerTest() { reconciler = make_reconciler(); }
@@ -54,6 +64,18 @@ class ReconcilerTest : public testing::ReconcilerHarness {
   }
 
   json status_json() { return client.get(res::kTrainingJobs, "ns", "j")["status"]; }
+  // The message of the job's Failed condition, after checking the job failed with InvalidSpec.
+  std::string invalid_spec_message() {
+    const auto s = status();
+    EXPECT_EQ(s.phase, "Failed");
+    const api::Condition* failed = api::find_condition(s, api::condition::kFailed);
+    if (failed == nullptr) {
+      ADD_FAILURE() << "no Failed condition";
+      return "";
+    }
+    EXPECT_EQ(failed->reason, api::reason::kInvalidSpec);
+    return failed->message;
+  }
   void start_running() {
     settle();
     run_all();
@@ -573,27 +595,18 @@ TEST_F(ReconcilerTest, QuotaRefusedCreateIsRetriedWithBackoffAndReported) {
 TEST_F(ReconcilerTest, PodRefusedAsInvalidFailsTheJobNamingTheField) {
   client.before_create = [&](const kube::Resource& r, const json& o) {
     if (r.plural != "pods" || o["metadata"]["name"] != "j-worker-0") return;
-    kube::InvalidError e(422, "create Pod ns/j-worker-0: Pod \"j-worker-0\" is invalid");
-    e.set_status(
-        "Pod \"j-worker-0\" is invalid: spec.containers[0].securityContext.runAsUser: "
-        "Invalid value: -1: must be between 0 and 2147483647, inclusive",
-        json::parse(R"([{"reason": "FieldValueInvalid",
-                   "message": "Invalid value: -1: must be between 0 and 2147483647, inclusive",
-                   "field": "spec.containers[0].securityContext.runAsUser"}])"));
-    throw e;
+    throw invalid("create Pod ns/j-worker-0: Pod \"j-worker-0\" is invalid", "Pod \"j-worker-0\"",
+                  "spec.containers[0].securityContext.runAsUser",
+                  "Invalid value: -1: must be between 0 and 2147483647, inclusive");
   };
   create_job(default_spec());
   settle();
-  const auto s = status();
-  EXPECT_EQ(s.phase, "Failed");
-  const api::Condition* failed = api::find_condition(s, api::condition::kFailed);
-  ASSERT_NE(failed, nullptr);
-  EXPECT_EQ(failed->reason, api::reason::kInvalidSpec);
-  EXPECT_EQ(failed->message.rfind("spec.replicaSpecs.Worker.template.spec.containers[0]."
-                                  "securityContext.runAsUser: Invalid value: -1",
-                                  0),
+  const std::string message = invalid_spec_message();
+  EXPECT_EQ(message.rfind("spec.replicaSpecs.Worker.template.spec.containers[0]."
+                          "securityContext.runAsUser: Invalid value: -1",
+                          0),
             0u)
-      << failed->message;
+      << message;
   EXPECT_TRUE(events.saw(api::reason::kFailedCreate));
   // The chief created before the refusal is cleaned up (cleanPodPolicy Running).
   EXPECT_TRUE(pod_names().empty());
@@ -604,25 +617,15 @@ TEST_F(ReconcilerTest, PodRefusedAsInvalidFailsTheJobNamingTheField) {
 TEST_F(ReconcilerTest, ClaimRefusedAsInvalidFailsTheJobNamingTheLogdirField) {
   client.before_create = [&](const kube::Resource& r, const json&) {
     if (r.plural != "persistentvolumeclaims") return;
-    kube::InvalidError e(422, "create PersistentVolumeClaim ns/j-logdir: invalid");
-    e.set_status(
-        "PersistentVolumeClaim \"j-logdir\" is invalid: spec.resources[storage]: Invalid value: "
-        "\"0\": must be greater than zero",
-        json::parse(R"([{"reason": "FieldValueInvalid",
-                   "message": "Invalid value: \"0\": must be greater than zero",
-                   "field": "spec.resources[storage]"}])"));
-    throw e;
+    throw invalid("create PersistentVolumeClaim ns/j-logdir: invalid",
+                  "PersistentVolumeClaim \"j-logdir\"", "spec.resources[storage]",
+                  "Invalid value: \"0\": must be greater than zero");
   };
   create_job(default_spec());
   settle();
-  const auto s = status();
-  EXPECT_EQ(s.phase, "Failed");
-  const api::Condition* failed = api::find_condition(s, api::condition::kFailed);
-  ASSERT_NE(failed, nullptr);
-  EXPECT_EQ(failed->reason, api::reason::kInvalidSpec);
-  EXPECT_EQ(failed->message.rfind("spec.logdir.size: Invalid value: \"0\"", 0), 0u)
-      << failed->message;
-  EXPECT_NE(failed->message.find("logdir claim ns/j-logdir"), std::string::npos) << failed->message;
+  const std::string message = invalid_spec_message();
+  EXPECT_EQ(message.rfind("spec.logdir.size: Invalid value: \"0\"", 0), 0u) << message;
+  EXPECT_NE(message.find("logdir claim ns/j-logdir"), std::string::npos) << message;
   EXPECT_TRUE(pod_names().empty()) << "nothing is created after the refusal";
 }
 
