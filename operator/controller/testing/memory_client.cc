@@ -68,22 +68,29 @@ kube::json MemoryClient::create(const kube::Resource& r, std::string_view ns, co
   return o;
 }
 
-kube::json MemoryClient::update(const kube::Resource& r, std::string_view ns, const json& object) {
-  std::lock_guard lock(mu_);
-  count("update", r.plural);
-  const Key key{r.plural, std::string(ns), name_of(object)};
-  auto it = objects_.find(key);
+// The stored object `object` updates; throws NotFound, or Conflict when `object` carries another
+// resourceVersion (an update guarded by it, as the API server does). Caller holds mu_.
+kube::json& MemoryClient::current_locked(const kube::Resource& r, std::string_view ns,
+                                         const json& object) {
+  auto it = objects_.find(Key{r.plural, std::string(ns), name_of(object)});
   if (it == objects_.end()) throw kube::NotFoundError(name_of(object) + " not found");
   if (it->second["metadata"]["resourceVersion"] != object["metadata"]["resourceVersion"]) {
     throw kube::ConflictError("stale resourceVersion");
   }
+  return it->second;
+}
+
+kube::json MemoryClient::update(const kube::Resource& r, std::string_view ns, const json& object) {
+  std::lock_guard lock(mu_);
+  count("update", r.plural);
+  json& stored = current_locked(r, ns, object);
   json o = object;
-  if (it->second.contains("status")) o["status"] = it->second["status"];
-  if (o["spec"] != it->second["spec"]) {
-    o["metadata"]["generation"] = it->second["metadata"].value("generation", 1) + 1;
+  if (stored.contains("status")) o["status"] = stored["status"];
+  if (o["spec"] != stored["spec"]) {
+    o["metadata"]["generation"] = stored["metadata"].value("generation", 1) + 1;
   }
   o["metadata"]["resourceVersion"] = std::to_string(++rv_);
-  it->second = o;
+  stored = o;
   return o;
 }
 
@@ -91,15 +98,10 @@ kube::json MemoryClient::update_status(const kube::Resource& r, std::string_view
                                        const json& object) {
   std::lock_guard lock(mu_);
   count("update_status", r.plural);
-  const Key key{r.plural, std::string(ns), name_of(object)};
-  auto it = objects_.find(key);
-  if (it == objects_.end()) throw kube::NotFoundError(name_of(object) + " not found");
-  if (it->second["metadata"]["resourceVersion"] != object["metadata"]["resourceVersion"]) {
-    throw kube::ConflictError("stale resourceVersion");
-  }
-  it->second["status"] = object.value("status", json::object());
-  it->second["metadata"]["resourceVersion"] = std::to_string(++rv_);
-  return it->second;
+  json& stored = current_locked(r, ns, object);
+  stored["status"] = object.value("status", json::object());
+  stored["metadata"]["resourceVersion"] = std::to_string(++rv_);
+  return stored;
 }
 
 kube::json MemoryClient::patch(const kube::Resource& r, std::string_view ns, std::string_view name,

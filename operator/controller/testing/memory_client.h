@@ -51,6 +51,7 @@ class MemoryClient : public kube::Client {
  private:
   using Key = std::tuple<std::string, std::string, std::string>;  // plural, ns, name
   void count(const std::string& verb, const std::string& plural);
+  json& current_locked(const kube::Resource& r, std::string_view ns, const json& object);
   void cascade(const std::string& uid);
   mutable std::mutex mu_;
   std::map<Key, json> objects_;
