@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Renders the chart's PrometheusRule (templates/prometheusrule.yaml) with Helm's own engine and
+prints its spec as a Prometheus rule file (what the Prometheus Operator hands to Prometheus), for
+promtool and for a real Prometheus. Needs the project's test venv (helm-python-sdk, pyyaml).
+
+  <venv>/bin/python tests/chart/render_rules.py [--values JSON] [--release longhaul]
+                                                [--namespace longhaul-system] > rules.yaml
+
+The values always turn prometheusRule on; without --values the rest are the chart's defaults
+plus metrics.serviceMonitor.enabled (LonghaulOperatorDown is rendered only with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import yaml
+
+import helm_python as helm
+
+CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "longhaul"
+DEFAULT_VALUES = {"prometheusRule": {"enabled": True},
+                  "metrics": {"serviceMonitor": {"enabled": True}}}
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def prometheus_rule(values: dict | None = None, release: str = "longhaul",
+                    namespace: str = "longhaul-system") -> dict:
+    """The rendered PrometheusRule object; `values` are merged over DEFAULT_VALUES."""
+    values = merge(DEFAULT_VALUES, values or {})
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values=values, name=release, namespace=namespace,
+                                 is_install=True)
+    text = manifests.get("longhaul/templates/prometheusrule.yaml", "")
+    rule = yaml.safe_load(text) if text.strip() else None
+    if not rule:
+        raise SystemExit("templates/prometheusrule.yaml rendered nothing with " + json.dumps(values))
+    return rule
+
+
+def rule_file(values: dict | None = None, release: str = "longhaul",
+              namespace: str = "longhaul-system") -> str:
+    """The PrometheusRule's spec as the YAML of a Prometheus rule file."""
+    return yaml.safe_dump(prometheus_rule(values, release, namespace)["spec"], sort_keys=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--values", default="{}", help="JSON merged over the defaults")
+    parser.add_argument("--release", default="longhaul")
+    parser.add_argument("--namespace", default="longhaul-system")
+    args = parser.parse_args()
+    sys.stdout.write(rule_file(json.loads(args.values), args.release, args.namespace))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
