@@ -4,7 +4,9 @@ prints its spec as a Prometheus rule file (what the Prometheus Operator hands to
 promtool and for a real Prometheus. Needs the project's test venv (helm-python-sdk, pyyaml).
 
   <venv>/bin/python tests/chart/render_rules.py [--values JSON] [--release longhaul]
-                                                [--namespace longhaul-system] > rules.yaml
+                                [--namespace longhaul-system] [--format yaml|json] > rules.yaml
+
+(JSON is YAML: Prometheus loads either; the scrape test reads JSON with the standard library.)
 
 The values always turn prometheusRule on; without --values the rest are the chart's defaults
 plus metrics.serviceMonitor.enabled (LonghaulOperatorDown is rendered only with it).
@@ -48,9 +50,10 @@ def prometheus_rule(values: dict | None = None, release: str = "longhaul",
 
 
 def rule_file(values: dict | None = None, release: str = "longhaul",
-              namespace: str = "longhaul-system") -> str:
-    """The PrometheusRule's spec as the YAML of a Prometheus rule file."""
-    return yaml.safe_dump(prometheus_rule(values, release, namespace)["spec"], sort_keys=False)
+              namespace: str = "longhaul-system", fmt: str = "yaml") -> str:
+    """The PrometheusRule's spec as a Prometheus rule file, in YAML or JSON."""
+    spec = prometheus_rule(values, release, namespace)["spec"]
+    return json.dumps(spec, indent=1) if fmt == "json" else yaml.safe_dump(spec, sort_keys=False)
 
 
 def main() -> int:
@@ -58,8 +61,9 @@ def main() -> int:
     parser.add_argument("--values", default="{}", help="JSON merged over the defaults")
     parser.add_argument("--release", default="longhaul")
     parser.add_argument("--namespace", default="longhaul-system")
+    parser.add_argument("--format", choices=["yaml", "json"], default="yaml")
     args = parser.parse_args()
-    sys.stdout.write(rule_file(json.loads(args.values), args.release, args.namespace))
+    sys.stdout.write(rule_file(json.loads(args.values), args.release, args.namespace, args.format))
     return 0
 
 
