@@ -113,6 +113,11 @@ def test_helm_lint_strict_has_no_errors_or_warnings(values_file):
     {"operator": {"metricsPort": 70000}},
     {"image": {"pullPolicy": "Sometimes"}},
     {"metrics": {"serviceMonitor": {"interval": "soon"}}},
+    {"prometheusRule": {"trainingStalled": {"for": "5 minutes"}}},
+    {"prometheusRule": {"disabledAlerts": ["LonghaulNoSuchAlert"]}},
+    {"prometheusRule": {"reconcileErrors": {"ratio": 2}}},
+    {"prometheusRule": {"skippedSteps": {"window": "0"}}},
+    {"prometheusRule": {"targetDown": {"severity": "page"}}},
     {"unknownTopLevelKey": True},
 ])
 def test_values_schema_rejects_bad_values(bad):

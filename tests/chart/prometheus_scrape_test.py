@@ -483,6 +483,9 @@ def check_rules_loaded(procs: Processes, prom: str, groups: list[dict]) -> list[
         return rules if len(rules) == want and len(done) == want else None
 
     rules = wait_for(f"Prometheus to load and evaluate the chart's {want} rules", evaluated)
+    for g in http("GET", f"{prom}/api/v1/rules")["data"]["groups"]:  # reported, not asserted
+        print(f"rule group {g['name']}: {len(g['rules'])} rules, last evaluation took "
+              f"{g.get('evaluationTime', 0) * 1e3:.2f} ms")
     return [f"rule {r.get('name')}: health {r.get('health')}: {r.get('lastError')}"
             for r in rules if r.get("health") != "ok"]
 
