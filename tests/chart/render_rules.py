@@ -49,11 +49,21 @@ def prometheus_rule(values: dict | None = None, release: str = "longhaul",
     return rule
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line expressions as `|` blocks, as in the template, so a failure shows them readably."""
+
+
+_BlockDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
 def rule_file(values: dict | None = None, release: str = "longhaul",
               namespace: str = "longhaul-system", fmt: str = "yaml") -> str:
     """The PrometheusRule's spec as a Prometheus rule file, in YAML or JSON."""
     spec = prometheus_rule(values, release, namespace)["spec"]
-    return json.dumps(spec, indent=1) if fmt == "json" else yaml.safe_dump(spec, sort_keys=False)
+    if fmt == "json":
+        return json.dumps(spec, indent=1)
+    return yaml.dump(spec, Dumper=_BlockDumper, sort_keys=False, width=200)
 
 
 def main() -> int:
