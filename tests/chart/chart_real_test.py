@@ -8,10 +8,11 @@ collector removes what it owned. Any 403 in the operator's log fails the test, a
 SelfSubjectAccessReview as the ServiceAccount shows it cannot read Secrets.
 
 There is no kubelet: the test plays kubelet by patching the pods' status subresource, as a kubelet
-would (Running/Ready, a preemption's DisruptionTarget condition, exit codes). There are no
-Prometheus Operator CRDs either: ServiceMonitor and PodMonitor are applied against permissive
-stand-in CRDs, so only their apiVersion, kind and metadata are judged here (chart_test.py checks
-their fields).
+would (Running/Ready, a preemption's DisruptionTarget condition, exit codes). The Prometheus
+Operator's CRDs (prometheus-operator-crds/, written from the upstream schemas) are installed
+before the chart, as in a cluster that runs the Prometheus Operator, so the PodMonitor,
+ServiceMonitor and PrometheusRule are judged by their real schemas; every object is applied with
+fieldValidation=Strict, so an unknown or misspelled field is refused instead of pruned.
 
 Run: tests/chart/run_chart_test.sh chart_real_test.py  with LONGHAUL_ENVTEST and LONGHAUL_OPERATOR
 set to the built binaries (ctest does it: chart_real_test).
@@ -42,6 +43,7 @@ import helm_python as helm
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "longhaul"
 VALUES_ALL = pathlib.Path(__file__).with_name("values-all.yaml")
+PROMETHEUS_OPERATOR_CRDS = pathlib.Path(__file__).with_name("prometheus-operator-crds")
 ENVTEST = os.environ.get("LONGHAUL_ENVTEST", "")
 OPERATOR = os.environ.get("LONGHAUL_OPERATOR", "")
 # Generous: a loaded 2-core machine runs etcd, an API server, a controller manager and the operator.
@@ -130,18 +132,21 @@ class Api:
         raise LookupError(f"the API server serves no {kind} in {api_version}")
 
     def apply(self, obj: dict, namespace: str) -> dict:
-        """Creates obj, or replaces it when it exists. Returns the server's object."""
+        """Creates obj, or replaces it when it exists, refusing unknown fields
+        (fieldValidation=Strict, as `kubectl apply --validate=strict`). Returns the server's
+        object."""
         path, namespaced = self.resource(obj["apiVersion"], obj["kind"])
         ns = obj["metadata"].get("namespace", namespace) if namespaced else ""
         if namespaced:
             obj["metadata"]["namespace"] = ns
         collection = path.format(ns=f"namespaces/{ns}/" if namespaced else "")
-        status, answer = self.request("POST", collection, obj)
+        strict = "?fieldValidation=Strict"
+        status, answer = self.request("POST", collection + strict, obj)
         if status == 409:
             name = obj["metadata"]["name"]
             current = self.call("GET", f"{collection}/{name}")
             obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            return self.call("PUT", f"{collection}/{name}", obj)
+            return self.call("PUT", f"{collection}/{name}{strict}", obj)
         if status not in (200, 201):
             raise ApiError(status, json.dumps(answer),
                            f"create {obj['kind']} {ns}/{obj['metadata']['name']}")
@@ -163,10 +168,10 @@ def plane():
     info_file = workdir / "plane.json"
     # Every CRD is installed before the controller manager starts: its garbage collector then
     # watches their kinds from the start (a CRD added later pauses it for a rediscovery, ~30 s).
-    stand_ins = workdir / "stand-in-crds.yaml"
-    stand_ins.write_text(yaml.safe_dump_all(STAND_IN_CRDS))
+    monitoring_crds = workdir / "prometheus-operator-crds.yaml"
+    monitoring_crds.write_text(yaml.safe_dump_all(prometheus_operator_crds()))
     log = open(workdir / "envtest.log", "wb")
-    proc = subprocess.Popen([ENVTEST, "--info-file", str(info_file), "--crd", str(stand_ins)],
+    proc = subprocess.Popen([ENVTEST, "--info-file", str(info_file), "--crd", str(monitoring_crds)],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         end = time.monotonic() + 240
@@ -205,17 +210,12 @@ def ensure_namespace(admin: Api, ns: str):
                lambda: admin.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"))
 
 
-STAND_IN_CRDS = [
-    {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-     "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-     "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-              "names": {"kind": kind, "plural": plural, "singular": plural[:-1],
-                        "listKind": kind + "List"},
-              "versions": [{"name": "v1", "served": True, "storage": True,
-                            "schema": {"openAPIV3Schema": {
-                                "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
-    for kind, plural in (("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"))
-]
+def prometheus_operator_crds() -> list[dict]:
+    """The Prometheus Operator's CRDs (PodMonitor, ServiceMonitor, PrometheusRule), as a cluster
+    with the Prometheus Operator has them; not the chart's to install."""
+    # Through JSON: the files' YAML anchors become copies (no aliases in what envtest reads).
+    return [json.loads(json.dumps(yaml.safe_load(p.read_text())))
+            for p in sorted(PROMETHEUS_OPERATOR_CRDS.glob("*.yaml"))]
 
 
 def install_crds(admin: Api, crds: list[dict]):
@@ -471,7 +471,7 @@ def test_chart_applies_and_the_operator_runs_a_job_as_its_service_account(plane,
         namespaces.add(obj["metadata"].get("namespace", release_ns))
     for ns in sorted(namespaces):
         ensure_namespace(admin, ns)
-    install_crds(admin, chart_crds() + STAND_IN_CRDS)
+    install_crds(admin, chart_crds() + prometheus_operator_crds())
 
     # Every rendered object is accepted by the real API server (not only schema-valid).
     refused = []
@@ -526,3 +526,33 @@ def test_chart_applies_and_the_operator_runs_a_job_as_its_service_account(plane,
                  if re.search(r"HTTP 403|[Ff]orbidden|code=\"?403", line)]
     assert not forbidden, "the operator was refused by RBAC:\n" + "\n".join(forbidden[:20])
     assert operator.proc.returncode == 0, f"the operator exited {operator.proc.returncode}:\n{log[-3000:]}"
+
+
+def test_the_prometheus_operator_crds_refuse_a_broken_rule_and_unknown_fields(plane):
+    """The CRDs the chart is judged by are not permissive: the real API server refuses a
+    PrometheusRule whose `for` is not a Prometheus duration, a PodMonitor without its required
+    selector, and (fieldValidation=Strict) a ServiceMonitor field the schema does not have."""
+    admin: Api = plane["admin"]
+    ensure_namespace(admin, "crd-check")
+    install_crds(admin, prometheus_operator_crds())
+    objects = render({"prometheusRule": {"enabled": True},
+                      "metrics": {"podMonitor": {"enabled": True},
+                                  "serviceMonitor": {"enabled": True}}},
+                     "broken", "crd-check")
+    monitoring = {o["kind"]: o for o in objects if o["apiVersion"] == "monitoring.coreos.com/v1"}
+    assert sorted(monitoring) == ["PodMonitor", "PrometheusRule", "ServiceMonitor"]
+    rule = json.loads(json.dumps(monitoring["PrometheusRule"]))
+    rule["spec"]["groups"][1]["rules"][0]["for"] = "5 minutes"
+    pod_monitor = json.loads(json.dumps(monitoring["PodMonitor"]))
+    del pod_monitor["spec"]["selector"]
+    service_monitor = json.loads(json.dumps(monitoring["ServiceMonitor"]))
+    service_monitor["spec"]["endpoints"][0]["portName"] = "metrics"
+    for broken, why in ((rule, "spec.groups[1].rules[0].for"),
+                        (pod_monitor, "spec.selector"),
+                        (service_monitor, "portName")):
+        with pytest.raises(ApiError) as refused:
+            admin.apply(broken, "crd-check")
+        assert refused.value.status in (400, 422), refused.value
+        assert why in refused.value.body, refused.value.body
+    for good in monitoring.values():  # and the chart's own objects are accepted
+        admin.apply(json.loads(json.dumps(good)), "crd-check")

@@ -2,7 +2,11 @@
 helm-python-sdk wheel, offline) and checks what a cluster would receive: the kinds and names,
 labels against selectors, least-privilege RBAC, the security context, the operator's flags, the
 Grafana dashboards, the CRD copy, and every object against the Kubernetes OpenAPI schemas
-(kubernetes-validate, offline). Also checks the TrainingJob examples against the CRD schema.
+(kubernetes-validate, offline) or, for the Prometheus Operator's kinds, against their CRDs in
+prometheus-operator-crds/. The PrometheusRule's rules pass `promtool check rules` and the unit
+tests of prometheus-rules-test.yaml (`promtool test rules`), use only exported or recorded series,
+take their thresholds from the values, and every alert has a runbook and a dashboard panel. Also
+checks the TrainingJob examples against the CRD schema.
 
 Run: <venv>/bin/python -m pytest tests/chart -q   (tests/chart/run_chart_test.sh does it for ctest)
 """
@@ -17,6 +21,7 @@ import pytest
 import yaml
 
 import dashboard_queries as dq
+import render_rules
 
 # Imported here, not skipped on failure: a venv without them must fail loudly.
 import helm_python as helm
@@ -26,6 +31,11 @@ import kubernetes_validate
 REPO = dq.REPO
 CHART = REPO / "charts" / "longhaul"
 VALUES_ALL = pathlib.Path(__file__).with_name("values-all.yaml")
+PROMETHEUS_OPERATOR_CRDS = pathlib.Path(__file__).with_name("prometheus-operator-crds")
+RULES_TEST = pathlib.Path(__file__).with_name("prometheus-rules-test.yaml")
+ALERTS = ["LonghaulTrainingStalled", "LonghaulCheckpointOverdue", "LonghaulSkippedSteps",
+          "LonghaulJobRestartLoop", "LonghaulFailureBudgetSpending", "LonghaulOperatorDown",
+          "LonghaulReconcileErrors", "LonghaulTargetDown"]
 RELEASE = "longhaul"
 NAMESPACE = "longhaul-system"
 KUBE_VERSION = "1.30.0"
@@ -103,6 +113,11 @@ def test_helm_lint_strict_has_no_errors_or_warnings(values_file):
     {"operator": {"metricsPort": 70000}},
     {"image": {"pullPolicy": "Sometimes"}},
     {"metrics": {"serviceMonitor": {"interval": "soon"}}},
+    {"prometheusRule": {"trainingStalled": {"for": "5 minutes"}}},
+    {"prometheusRule": {"disabledAlerts": ["LonghaulNoSuchAlert"]}},
+    {"prometheusRule": {"reconcileErrors": {"ratio": 2}}},
+    {"prometheusRule": {"skippedSteps": {"window": "0"}}},
+    {"prometheusRule": {"targetDown": {"severity": "page"}}},
     {"unknownTopLevelKey": True},
 ])
 def test_values_schema_rejects_bad_values(bad):
@@ -174,6 +189,7 @@ def test_rendered_kinds_and_names(case):
             ("ConfigMap", "monitoring", f"{full}-dashboards"),
             ("Deployment", NAMESPACE, full),
             ("PodMonitor", NAMESPACE, f"{full}-workers"),
+            ("PrometheusRule", NAMESPACE, full),
             ("Role", NAMESPACE, f"{full}-leader-election"),
             ("Role", "team-a", full),
             ("Role", "team-b", full),
@@ -407,18 +423,37 @@ def test_dashboard_is_well_formed(file):
         for t in panel["targets"]:
             assert t["datasource"] == panel["datasource"]
             assert t["expr"].count("(") == t["expr"].count(")")
+            names = dq.metric_names(t["expr"])
             for var in ("$namespace", "$trainingjob", "$rank", "$instance"):
                 if var[1:] in variables and "longhaul_" in t["expr"]:
+                    # Recorded series are per job (no rank left); rank="0" is a choice.
+                    if var == "$rank" and (names <= dq.RECORDED_SERIES or 'rank="0"' in t["expr"]):
+                        continue
                     assert var in t["expr"], f"{panel['title']} ignores {var}"
+
+
+def recording_rules() -> dict[str, str]:
+    """record -> expr of the chart's recording rules (default values)."""
+    return {r["record"]: r["expr"] for g in render_rules.prometheus_rule()["spec"]["groups"]
+            for r in g["rules"] if "record" in r}
 
 
 def test_dashboards_query_only_the_project_metrics():
     queries = dq.queries(dq.load_dashboards())
     assert len(queries) > 25
+    known = dq.ALL_SERIES | dq.RECORDED_SERIES | {"up"}
     unknown = {(q.dashboard, q.where, n) for q in queries for n in dq.metric_names(q.expr)
-               if n not in dq.ALL_SERIES}
+               if n not in known}
     assert not unknown, unknown
     used = set().union(*(dq.metric_names(q.expr) for q in queries))
+    # A recorded series shows what its rule reads (thresholds read other records in turn).
+    records, stack, used = recording_rules(), list(used), set()
+    while stack:
+        name = stack.pop()
+        if name in records:
+            stack.extend(dq.metric_names(records.pop(name)))
+        elif name not in dq.RECORDED_SERIES:
+            used.add(name)
     for histogram in dq.WORKER_HISTOGRAMS | dq.OPERATOR_HISTOGRAMS:
         assert histogram + "_bucket" in used, f"no panel shows {histogram}"
     base = {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n in used}
@@ -444,12 +479,58 @@ def test_every_object_is_valid_against_the_kubernetes_openapi_schema(case):
     for o in objects:
         o = {k: v for k, v in o.items() if k != "__template"}
         if o["apiVersion"].startswith("monitoring.coreos.com/"):
-            # Prometheus Operator CRDs: no schema ships offline; check the shape they require.
-            assert o["kind"] in {"ServiceMonitor", "PodMonitor"}
+            # The Prometheus Operator's kinds, against their CRDs' schemas (chart_real_test.py
+            # has the real API server judge them too).
+            schemas = prometheus_operator_schemas()
+            assert o["kind"] in schemas, f"no CRD in {PROMETHEUS_OPERATOR_CRDS} for {o['kind']}"
             assert o["metadata"]["name"] and o["metadata"]["namespace"]
-            assert "selector" in o["spec"] and "namespaceSelector" in o["spec"]
+            jsonschema.validate(o, _to_json_schema(schemas[o["kind"]]))
             continue
         kubernetes_validate.validate(o, KUBE_VERSION, strict=True)
+
+
+def prometheus_operator_schemas() -> dict[str, dict]:
+    """kind -> openAPIV3Schema of the Prometheus Operator CRDs the tests install."""
+    out = {}
+    for path in sorted(PROMETHEUS_OPERATOR_CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        version, = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        # The API server's RE2 takes inline flags anywhere; Python's re only at the start.
+        text = json.dumps(version["schema"]["openAPIV3Schema"]).replace("^(?i)", "(?i)^")
+        out[crd["spec"]["names"]["kind"]] = json.loads(text)
+    return out
+
+
+def test_prometheus_operator_crds_are_valid_crds():
+    kinds = set()
+    for path in sorted(PROMETHEUS_OPERATOR_CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        kubernetes_validate.validate(crd, KUBE_VERSION, strict=True)
+        assert crd["spec"]["group"] == "monitoring.coreos.com"
+        assert path.name == f"monitoring.coreos.com_{crd['spec']['names']['plural']}.yaml"
+        kinds.add(crd["spec"]["names"]["kind"])
+    assert kinds == {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.mark.parametrize("kind, mutate", [
+    ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0].update(interval="15 seconds")),
+    ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0]["relabelings"][0].update(
+        sourceLabels=["longhaul.dev/job-name"])),
+    ("ServiceMonitor", lambda o: o["spec"]["endpoints"][0].update(portName="metrics")),
+    ("ServiceMonitor", lambda o: o["spec"].pop("selector")),
+    ("PrometheusRule", lambda o: o["spec"]["groups"][1]["rules"][0].update({"for": "5 minutes"})),
+    ("PrometheusRule", lambda o: o["spec"]["groups"][0]["rules"][0].pop("expr")),
+])
+def test_the_crd_schemas_refuse_what_the_prometheus_operator_refuses(kind, mutate):
+    """The offline check has teeth: the chart's object, broken the way a template slip would
+    break it, fails its CRD's schema."""
+    obj = one(render(values_all()), kind)
+    obj = {k: v for k, v in obj.items() if k != "__template"}
+    schema = _to_json_schema(prometheus_operator_schemas()[kind])
+    jsonschema.validate(obj, schema)
+    mutate(obj)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(obj, schema)
 
 
 def crd_files(directory: pathlib.Path) -> dict[str, bytes]:
@@ -575,3 +656,141 @@ def test_the_operator_binary_accepts_the_charts_flags(values_file, tmp_path):
         output, code = text(e.stdout) + text(e.stderr), None
     assert "Run with --help" not in output and "not expected" not in output, (argv, output)
     assert code != 2 and (code is None or code < 100), (argv, code, output)
+
+
+# ---------------------------------------------------------------- PrometheusRule
+
+
+def prometheus_rules_of(rule_object: dict) -> list[dict]:
+    return [r for g in rule_object["spec"]["groups"] for r in g["rules"]]
+
+
+def alerts_of(rule_object: dict) -> dict[str, dict]:
+    return {r["alert"]: r for r in prometheus_rules_of(rule_object) if "alert" in r}
+
+
+def promtool_or_skip() -> str:
+    import shutil
+
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not installed (Debian package `prometheus`)")
+    return promtool
+
+
+def test_prometheus_rule_is_off_by_default():
+    assert not by_kind(render(None), "PrometheusRule")
+
+
+def test_rules_pass_promtool_and_its_unit_tests_on_synthetic_series(tmp_path):
+    """prometheus-rules-test.yaml: every alert fires on the series it is about, with its
+    labels and annotations, and stays quiet on the healthy and not-yet cases; the recording
+    rules' values (ETA, step rate, usual step time, thresholds) are computed by Prometheus's own
+    engine. The rules are the chart's, rendered with its default values."""
+    import shutil
+    import subprocess
+
+    promtool = promtool_or_skip()
+    (tmp_path / "longhaul-rules.yaml").write_text(render_rules.rule_file())
+    shutil.copy(RULES_TEST, tmp_path / RULES_TEST.name)
+    checked = subprocess.run([promtool, "check", "rules", "longhaul-rules.yaml"], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run([promtool, "test", "rules", RULES_TEST.name], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    text = RULES_TEST.read_text()
+    for alert in ALERTS:
+        assert f"alertname: {alert}\n" in text, f"no unit test fires or holds {alert}"
+
+
+def test_the_values_rules_render_parse_with_promtool(tmp_path):
+    import subprocess
+
+    promtool = promtool_or_skip()
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(one(render(values_all()), "PrometheusRule")["spec"]))
+    checked = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                             text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_every_alert_is_rendered_with_a_severity_and_a_runbook():
+    rule = render_rules.prometheus_rule()
+    alerts = alerts_of(rule)
+    assert sorted(alerts) == sorted(ALERTS)
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookUrl"]
+    for name, alert in alerts.items():
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}
+        assert alert["annotations"]["runbook_url"] == f"{base}#{name.lower()}"
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+    records = [r["record"] for r in prometheus_rules_of(rule) if "record" in r]
+    assert len(records) == len(set(records)) and set(records) == dq.RECORDED_SERIES
+
+
+def test_thresholds_severities_and_labels_come_from_the_values():
+    values = values_all()["prometheusRule"]
+    rule = one(render(values_all()), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert {g["interval"] for g in rule["spec"]["groups"]} == {"30s"}
+    alerts = alerts_of(rule)
+    assert "LonghaulSkippedSteps" not in alerts  # disabledAlerts
+    records = {r["record"]: r["expr"] for r in prometheus_rules_of(rule) if "record" in r}
+    stall = records["trainingjob:longhaul_train_stall_threshold_seconds"]
+    assert "clamp_min(25 *" in stall and ", 1200)" in stall and "+ 1200)" in stall
+    overdue = records["trainingjob:longhaul_checkpoint_overdue_threshold_seconds"]
+    assert "clamp_min(4 *" in overdue and ", 3600)" in overdue and "+ 3600)" in overdue
+    assert "[2h]" in alerts["LonghaulJobRestartLoop"]["expr"]
+    assert alerts["LonghaulJobRestartLoop"]["expr"].rstrip().endswith(">= 5")
+    assert "[3h]" in alerts["LonghaulFailureBudgetSpending"]["expr"]
+    assert alerts["LonghaulFailureBudgetSpending"]["expr"].rstrip().endswith("> 7")
+    assert "[20m]" in alerts["LonghaulReconcileErrors"]["expr"]
+    assert alerts["LonghaulReconcileErrors"]["expr"].rstrip().endswith("> 0.25")
+    assert 'job="longhaul-lh-metrics"' in alerts["LonghaulTargetDown"]["expr"]
+    keys = {"LonghaulTrainingStalled": "trainingStalled", "LonghaulCheckpointOverdue":
+            "checkpointOverdue", "LonghaulJobRestartLoop": "restartLoop",
+            "LonghaulFailureBudgetSpending": "failureBudget", "LonghaulOperatorDown":
+            "operatorDown", "LonghaulReconcileErrors": "reconcileErrors",
+            "LonghaulTargetDown": "targetDown"}
+    for name, key in keys.items():
+        alert = alerts[name]
+        assert alert["labels"] == {"severity": values[key]["severity"], "team": "ml-platform",
+                                   **({"namespace": NAMESPACE} if name == "LonghaulOperatorDown"
+                                      else {})}, name
+        assert alert.get("for") == values[key].get("for"), name
+        assert alert["annotations"]["runbook_url"] == f"https://wiki.example.com/longhaul#{name.lower()}"
+
+
+def test_operator_down_needs_the_operator_scraped():
+    """Without the ServiceMonitor nothing scrapes the operator: LonghaulOperatorDown would fire
+    forever, so it is not rendered."""
+    alerts = alerts_of(render_rules.prometheus_rule(
+        {"metrics": {"serviceMonitor": {"enabled": False}}}))
+    assert "LonghaulOperatorDown" not in alerts
+    assert "LonghaulReconcileErrors" in alerts
+
+
+def test_rules_read_only_exported_or_recorded_series():
+    rule = render_rules.prometheus_rule()
+    known = dq.ALL_SERIES | dq.RECORDED_SERIES | {"up"}
+    for r in prometheus_rules_of(rule):
+        unknown = dq.metric_names(r["expr"]) - known
+        assert not unknown, f"{r.get('alert') or r.get('record')} reads {unknown}"
+        if "record" in r:
+            assert r["record"].startswith("trainingjob:longhaul_"), r["record"]
+
+
+def test_every_alert_has_a_runbook_in_the_chart_readme():
+    readme = (CHART / "README.md").read_text()
+    for alert in ALERTS:
+        assert f"\n### {alert}\n" in readme, f"charts/longhaul/README.md has no runbook for {alert}"
+    section = readme[readme.index("\n### LonghaulTrainingStalled\n"):]
+    for alert in ALERTS:
+        body = section.split(f"\n### {alert}\n", 1)[1].split("\n### ", 1)[0]
+        assert "Meaning" in body and "What to do" in body, alert
+
+
+def test_every_alert_has_a_dashboard_panel():
+    titles = [p["title"] for d in dq.load_dashboards().values() for p in d["panels"]]
+    for alert in ALERTS:
+        assert any(t.startswith(alert + ":") for t in titles), f"no dashboard panel for {alert}"

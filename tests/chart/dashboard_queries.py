@@ -1,6 +1,7 @@
-"""The PromQL of the Grafana dashboards in charts/longhaul/dashboards, and the metric names the
+"""The PromQL of the Grafana dashboards in charts/longhaul/dashboards, the metric names the
 project exports (fixed in the shared naming contract; the worker and operator must export exactly
-these). Used by chart_test.py (static checks) and prometheus_scrape_test.py (live queries).
+these), and the series the chart's recording rules (templates/prometheusrule.yaml) record. Used by
+chart_test.py (static checks) and prometheus_scrape_test.py (live queries).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = REPO / "charts" / "longhaul" / "dashboards"
+RULE_TEMPLATE = REPO / "charts" / "longhaul" / "templates" / "prometheusrule.yaml"
 
 WORKER_COUNTERS = {
     "longhaul_train_steps_total",
@@ -34,6 +36,8 @@ WORKER_GAUGES = {
     "longhaul_checkpoint_last_bytes",
     "longhaul_worker_is_chief",
     "longhaul_worker_build_info",
+    "longhaul_worker_start_time_seconds",
+    "longhaul_train_last_step_timestamp_seconds",
 }
 WORKER_HISTOGRAMS = {
     "longhaul_train_step_duration_seconds",
@@ -71,6 +75,8 @@ def _series_names(counters: set[str], gauges: set[str], histograms: set[str]) ->
 WORKER_SERIES = _series_names(WORKER_COUNTERS, WORKER_GAUGES, WORKER_HISTOGRAMS)
 OPERATOR_SERIES = _series_names(OPERATOR_COUNTERS, OPERATOR_GAUGES, OPERATOR_HISTOGRAMS)
 ALL_SERIES = WORKER_SERIES | OPERATOR_SERIES
+# The recording rules' outputs (level:metric:operations), read off the template.
+RECORDED_SERIES = set(re.findall(r"^\s*- record: (\S+)\s*$", RULE_TEMPLATE.read_text(), re.M))
 
 _KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
              "group_left", "group_right", "inf", "nan", "atan2"}

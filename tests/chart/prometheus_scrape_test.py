@@ -3,8 +3,18 @@
 a real longhaul-operator, and then:
   1. every metric of the naming contract is exported with the right TYPE by the right binary;
   2. `promtool check metrics` accepts both scrapes;
-  3. every PromQL expression of the Grafana dashboards (panels and variables, with the variables
-     at "All") returns data from that Prometheus.
+  3. the chart's PrometheusRule (rendered by render_rules.py with the venv's Helm SDK, every
+     `for` at 0s) loaded into that Prometheus: every rule evaluates without error, every
+     recording rule records the scraped job, every series selector of every rule matches scraped
+     series (label values that only a failure would produce, like result="error", are relaxed
+     to "the label exists"), no alert fires while the job is healthy, and once the worker and
+     then the operator are stopped, LonghaulTargetDown and LonghaulOperatorDown fire;
+  4. every PromQL expression of the Grafana dashboards (panels and variables, with the variables
+     at "All") returns data from that Prometheus (the ETA panels read the recording rules).
+
+The targets carry the labels the chart's monitors give them: the worker's job is the PodMonitor's
+"longhaul-system/longhaul-workers" with namespace and trainingjob, the operator's the Service's
+"longhaul-metrics" in "longhaul-system".
 
 The worker trains the tiny CPU preset twice in one logdir: a short first run writes checkpoints,
 the second restores them (restores > 0) and keeps training and checkpointing while it is
@@ -12,11 +22,14 @@ scraped. The operator runs against the project's fake API server with leader ele
 creates a TrainingJob, then marks one of its pods preempted, so that jobs, reconciles, API
 requests (including the 404 of the first Lease lookup) and pod restarts all have samples.
 
-Only the Python standard library is used (no venv needed).
+Only the Python standard library is used; the rules are rendered by the venv's Python
+(--venv, default $LONGHAUL_VENV). Without the venv everything else is checked and the test exits
+77 (skipped), saying the rules were not.
 
   tests/chart/prometheus_scrape_test.py --worker build/x/worker/cli/longhaul-worker \
       --operator build/x/operator/cli/longhaul-operator \
-      --fake-apiserver build/x/tests/fakeapi/longhaul-fake-apiserver [--workdir DIR] [--keep]
+      --fake-apiserver build/x/tests/fakeapi/longhaul-fake-apiserver [--venv .venv]
+      [--workdir DIR] [--keep]
 
 Binary paths may also come from LONGHAUL_WORKER, LONGHAUL_OPERATOR, LONGHAUL_FAKE_APISERVER.
 Exit 0 on success, 1 on failure, 77 (skipped) when prometheus/promtool are not installed.
@@ -29,6 +42,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import socket
@@ -45,6 +59,13 @@ import dashboard_queries as dq  # noqa: E402
 
 NAMESPACE = "default"
 JOB = "scrape-test"
+# What the chart's monitors make of the targets for release "longhaul" in "longhaul-system".
+RELEASE_NAMESPACE = "longhaul-system"
+WORKER_SCRAPE_JOB = f"{RELEASE_NAMESPACE}/longhaul-workers"
+OPERATOR_SCRAPE_JOB = "longhaul-metrics"
+# Labels whose values name what is scraped; matchers on other labels (result, reason, ...) pick
+# values only a failure produces and are relaxed to "the label exists".
+IDENTITY_LABELS = {"namespace", "trainingjob", "job", "rank", "instance"}
 DEADLINE_SECONDS = 120
 
 
@@ -201,6 +222,8 @@ def main() -> int:
     parser.add_argument("--fake-apiserver", default=os.environ.get("LONGHAUL_FAKE_APISERVER"))
     parser.add_argument("--prometheus", default=shutil.which("prometheus"))
     parser.add_argument("--promtool", default=shutil.which("promtool"))
+    parser.add_argument("--venv", default=os.environ.get("LONGHAUL_VENV"),
+                        help="the test venv whose Python renders the chart's rules")
     parser.add_argument("--workdir", help="scratch folder (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args()
@@ -226,8 +249,12 @@ def main() -> int:
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="longhaul-scrape-"))
     procs = Processes(workdir)
     problems: list[str] = []
+    rules = None
+    venv_python = pathlib.Path(args.venv or "/nonexistent") / "bin" / "python"
+    if venv_python.exists():
+        rules = render_rules(str(venv_python))
     try:
-        problems = run(args, workdir, procs)
+        problems = run(args, workdir, procs, rules)
     except Failure as e:
         problems = [str(e)]
     finally:
@@ -240,7 +267,25 @@ def main() -> int:
     for p in problems:
         print("FAIL:", p, file=sys.stderr)
     print(f"{0 if problems else 1} passed, {1 if problems else 0} failed")
+    if not problems and rules is None:
+        print(f"SKIPPED (in part): the chart's rules were not checked: no venv Python at "
+              f"{venv_python} (--venv or LONGHAUL_VENV; scripts/setup-venv.sh creates it)")
+        return 77
     return 1 if problems else 0
+
+
+def render_rules(python: str) -> str:
+    """The chart's rules as a Prometheus rule file, every `for` at 0s so that states change at
+    the next evaluation."""
+    values = {"prometheusRule": {k: {"for": "0s"} for k in (
+        "trainingStalled", "checkpointOverdue", "operatorDown", "reconcileErrors", "targetDown")}}
+    result = subprocess.run([python, str(pathlib.Path(__file__).with_name("render_rules.py")),
+                             "--values", json.dumps(values), "--release", "longhaul",
+                             "--namespace", RELEASE_NAMESPACE, "--format", "json"],
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise SystemExit(f"render_rules.py failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
 
 
 def start_worker(args, workdir: pathlib.Path, procs: Processes) -> int:
@@ -320,23 +365,29 @@ def start_operator(args, workdir: pathlib.Path, procs: Processes) -> int:
 
 
 def start_prometheus(args, workdir: pathlib.Path, procs: Processes, worker_port: int | None,
-                     operator_port: int | None):
-    """Prometheus on loopback scraping the given targets every second; returns query(expr)."""
+                     operator_port: int | None, rules: str | None = None):
+    """Prometheus on loopback scraping the given targets every second and evaluating `rules` (a
+    rule file) every second; returns (query(expr), its base URL)."""
     scrape_configs = []
     if worker_port:
         scrape_configs.append({
-            "job_name": "longhaul-worker",
+            "job_name": WORKER_SCRAPE_JOB,
             "static_configs": [{"targets": [f"127.0.0.1:{worker_port}"],
                                 "labels": {"namespace": NAMESPACE, "trainingjob": JOB,
                                            "replica_type": "worker"}}]})
     if operator_port:
         scrape_configs.append({
-            "job_name": "longhaul-operator",
+            "job_name": OPERATOR_SCRAPE_JOB,
             "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"],
-                                "labels": {"namespace": "longhaul-system"}}]})
+                                "labels": {"namespace": RELEASE_NAMESPACE}}]})
     config = workdir / "prometheus.yml"
+    rule_files = []
+    if rules is not None:
+        (workdir / "longhaul-rules.yaml").write_text(rules)
+        rule_files.append(str(workdir / "longhaul-rules.yaml"))
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": rule_files,
         "scrape_configs": scrape_configs}))
     checked = subprocess.run([args.promtool, "check", "config", str(config)], capture_output=True)
     if checked.returncode != 0:
@@ -359,7 +410,7 @@ def start_prometheus(args, workdir: pathlib.Path, procs: Processes, worker_port:
         return len(query("up == 1")) == len(scrape_configs)
 
     wait_for("Prometheus to scrape every target", all_up)
-    return query
+    return query, prom
 
 
 def check_scrape(args, workdir: pathlib.Path, port: int, who: str) -> list[str]:
@@ -375,9 +426,12 @@ def check_scrape(args, workdir: pathlib.Path, port: int, who: str) -> list[str]:
     return problems + promtool_check(args.promtool, text, who)
 
 
-def check_dashboards(procs: Processes, query, dashboards: dict[str, dict]) -> list[str]:
-    """Every query of the dashboards returns data, waiting for rates and histograms to fill."""
-    queries = dq.queries(dashboards)
+def check_dashboards(procs: Processes, query, dashboards: dict[str, dict],
+                     with_rules: bool = True) -> list[str]:
+    """Every query of the dashboards returns data, waiting for rates and histograms to fill.
+    Without the chart's rules loaded, the queries of recorded series are left out."""
+    queries = [q for q in dq.queries(dashboards)
+               if with_rules or not dq.metric_names(q.expr) & dq.RECORDED_SERIES]
     pending = {q: dq.substitute(q.expr, range_="5m", rate_interval="10s") for q in queries}
 
     def all_answer():
@@ -400,17 +454,140 @@ def check_dashboards(procs: Processes, query, dashboards: dict[str, dict]) -> li
     return [f"{q.dashboard} / {q.where}: no data for {expr}" for q, expr in pending.items()]
 
 
-def run(args, workdir: pathlib.Path, procs: Processes) -> list[str]:
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def rule_selectors(expr: str) -> set[str]:
+    """Every series selector of a rule expression, with matchers on labels outside
+    IDENTITY_LABELS relaxed to `label!=""`."""
+    out = set()
+    for name in dq.metric_names(expr):
+        for m in re.finditer(r"(?<![A-Za-z0-9_:])" + re.escape(name) + r"(\{[^}]*\})?", expr):
+            matchers = []
+            for label, op, value in _MATCHER.findall(m.group(1) or ""):
+                matchers.append(f'{label}{op}"{value}"' if label in IDENTITY_LABELS
+                                else f'{label}!=""')
+            out.add(name + ("{" + ", ".join(matchers) + "}" if matchers else ""))
+    return out
+
+
+def check_rules_loaded(procs: Processes, prom: str, groups: list[dict]) -> list[str]:
+    """Prometheus loaded every rule of the file and each evaluated without an error."""
+    want = sum(len(g["rules"]) for g in groups)
+
+    def evaluated():
+        procs.check_alive()
+        rules = [r for g in http("GET", f"{prom}/api/v1/rules")["data"]["groups"]
+                 for r in g["rules"]]
+        done = [r for r in rules if not r.get("lastEvaluation", "").startswith("0001")]
+        return rules if len(rules) == want and len(done) == want else None
+
+    rules = wait_for(f"Prometheus to load and evaluate the chart's {want} rules", evaluated)
+    for g in http("GET", f"{prom}/api/v1/rules")["data"]["groups"]:  # reported, not asserted
+        print(f"rule group {g['name']}: {len(g['rules'])} rules, last evaluation took "
+              f"{g.get('evaluationTime', 0) * 1e3:.2f} ms")
+    return [f"rule {r.get('name')}: health {r.get('health')}: {r.get('lastError')}"
+            for r in rules if r.get("health") != "ok"]
+
+
+def check_recording_rules(procs: Processes, query, groups: list[dict]) -> list[str]:
+    """Every recording rule records the scraped job; the thresholds, with a tiny step time and a
+    checkpoint a second, are the defaults' minimums; the ETA is positive."""
+    records = [r["record"] for g in groups for r in g["rules"] if "record" in r]
+    job = f'{{namespace="{NAMESPACE}", trainingjob="{JOB}"}}'
+    pending = set(records)
+
+    def all_recorded():
+        procs.check_alive()
+        for name in list(pending):
+            if query(name + job):
+                pending.discard(name)
+        return not pending
+
+    try:
+        wait_for("every recording rule to record the job", all_recorded, timeout=60, interval=1)
+    except Failure:
+        pass
+    problems = [f"recording rule {n}: no series for {job}" for n in sorted(pending)]
+    print(f"recording rules: {len(records) - len(pending)} of {len(records)} recorded the job")
+    expected = {"trainingjob:longhaul_train_stall_threshold_seconds": 900,
+                "trainingjob:longhaul_checkpoint_overdue_threshold_seconds": 1800}
+    for name, value in expected.items():
+        got = [float(r["value"][1]) for r in query(name + job)]
+        if got != [value]:
+            problems.append(f"{name}: {got}, want [{value}] (the default minimum)")
+    eta = [float(r["value"][1]) for r in query("trainingjob:longhaul_train_eta_seconds:rate10m" + job)]
+    if len(eta) != 1 or not eta[0] > 0:
+        problems.append(f"trainingjob:longhaul_train_eta_seconds:rate10m: {eta}, want one value > 0")
+    return problems
+
+
+def check_rule_selectors(query, groups: list[dict]) -> list[str]:
+    """Every series selector of every rule matches what is scraped (or recorded)."""
+    problems, count = [], 0
+    for rule in (r for g in groups for r in g["rules"]):
+        for selector in sorted(rule_selectors(rule["expr"])):
+            count += 1
+            if not query(selector):
+                problems.append(f"{rule.get('alert') or rule.get('record')}: {selector} "
+                                "matches nothing scraped")
+    print(f"rule selectors: {count - len(problems)} of {count} match scraped series")
+    return problems
+
+
+def active_alerts(prom: str) -> list[dict]:
+    return http("GET", f"{prom}/api/v1/alerts")["data"]["alerts"]
+
+
+def check_quiet(prom: str) -> list[str]:
+    """A healthy job and operator raise none of the chart's alerts (reconcile errors aside: the
+    fake API server's conflicts may make a few)."""
+    return [f"{a['labels']['alertname']} is {a['state']} on a healthy job: {a['labels']}"
+            for a in active_alerts(prom)
+            if a["labels"]["alertname"].startswith("Longhaul")
+            and a["labels"]["alertname"] != "LonghaulReconcileErrors"]
+
+
+def wait_for_alert(procs: Processes, prom: str, alertname: str, **labels) -> list[str]:
+    def firing():
+        return [a for a in active_alerts(prom) if a["state"] == "firing"
+                and a["labels"]["alertname"] == alertname
+                and all(a["labels"].get(k) == v for k, v in labels.items())]
+
+    try:
+        wait_for(f"{alertname} {labels} to fire", firing, timeout=60, interval=0.5)
+        print(f"{alertname} {labels}: fired")
+        return []
+    except Failure as e:
+        return [f"{e}; active alerts: {active_alerts(prom)}"]
+
+
+def run(args, workdir: pathlib.Path, procs: Processes, rules: str | None) -> list[str]:
     worker_port = start_worker(args, workdir, procs)
     operator_port = start_operator(args, workdir, procs)
-    query = start_prometheus(args, workdir, procs, worker_port, operator_port)
+    query, prom = start_prometheus(args, workdir, procs, worker_port, operator_port, rules)
     problems = check_scrape(args, workdir, worker_port, "worker")
     problems += check_scrape(args, workdir, operator_port, "operator")
-    problems += check_dashboards(procs, query, dq.load_dashboards())
+    groups = json.loads(rules)["groups"] if rules is not None else []
+    if rules is not None:
+        problems += check_rules_loaded(procs, prom, groups)
+        problems += check_recording_rules(procs, query, groups)
+        problems += check_rule_selectors(query, groups)
+    problems += check_dashboards(procs, query, dq.load_dashboards(), rules is not None)
+    if rules is not None:
+        problems += check_quiet(prom)
     worker = next(p for name, p in procs.children if name == "worker")
     code = procs.stop(worker)
     if code not in (0, 143):
         problems.append(f"the scraped worker exited {code} on SIGTERM (want 143 or 0)")
+    if rules is not None:
+        problems += wait_for_alert(procs, prom, "LonghaulTargetDown", job=WORKER_SCRAPE_JOB,
+                                   trainingjob=JOB)
+        operator = next(p for name, p in procs.children if name == "operator")
+        procs.stop(operator)
+        problems += wait_for_alert(procs, prom, "LonghaulOperatorDown",
+                                   namespace=RELEASE_NAMESPACE)
+        problems += wait_for_alert(procs, prom, "LonghaulTargetDown", job=OPERATOR_SCRAPE_JOB)
     return problems
 
 

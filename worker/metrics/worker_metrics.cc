@@ -1,6 +1,8 @@
 // WorkerMetrics: the worker's Prometheus registry and exposer. See worker_metrics.h.
 #include "longhaul/metrics/worker_metrics.h"
 
+#include <chrono>
+
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -15,6 +17,10 @@ namespace longhaul::worker_metrics {
 namespace {
 
 using prometheus::Labels;
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 prometheus::Gauge* gauge(prometheus::Registry& r, const Labels& constant, const std::string& name,
                          const std::string& help, const Labels& labels = {}) {
@@ -45,6 +51,9 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   const prometheus::Histogram::BucketBoundaries ckpt_buckets{
       0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
   global_step_ = gauge(r, c, "longhaul_train_global_step", "Optimizer steps taken so far.");
+  last_step_timestamp_ =
+      gauge(r, c, "longhaul_train_last_step_timestamp_seconds",
+            "Unix time the global step last advanced in this process (0 before its first step).");
   max_steps_ = gauge(r, c, "longhaul_train_max_steps",
                      "The step at which training ends (training.max_steps).");
   steps_total_ =
@@ -75,6 +84,8 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   ckpt_restores_ =
       counter(r, c, "longhaul_checkpoint_restores_total", "Checkpoints restored by this process.");
   is_chief_ = gauge(r, c, "longhaul_worker_is_chief", "1 on the chief replica, else 0.");
+  start_time_ =
+      gauge(r, c, "longhaul_worker_start_time_seconds", "Unix time this worker process started.");
   skipped_steps_ = counter(r, c, "longhaul_train_skipped_steps_total",
                            "Steps the numerical watchdog skipped (non-finite loss or gradient "
                            "norm, or a loss spike, with training.on_nonfinite: skip_step).");
@@ -95,6 +106,7 @@ WorkerMetrics::WorkerMetrics(int rank, bool is_chief, const std::string& version
   labels.insert(kernel_labels_.begin(), kernel_labels_.end());
   build_info_ = &build_info_family_->Add(labels);
   is_chief_->Set(is_chief ? 1 : 0);
+  start_time_->Set(unix_now());
   build_info_->Set(1);
 }
 
@@ -151,6 +163,7 @@ int WorkerMetrics::port() const { return server_ ? server_->port() : 0; }
 void WorkerMetrics::on_step(int64_t step, double loss, double learning_rate, double grad_norm,
                             int64_t tokens, double seconds) {
   global_step_->Set(static_cast<double>(step));
+  last_step_timestamp_->Set(unix_now());
   steps_total_->Increment();
   tokens_total_->Increment(static_cast<double>(tokens));
   step_duration_->Observe(seconds);
@@ -162,6 +175,7 @@ void WorkerMetrics::on_step(int64_t step, double loss, double learning_rate, dou
 
 void WorkerMetrics::on_skipped_step(int64_t step) {
   global_step_->Set(static_cast<double>(step));
+  last_step_timestamp_->Set(unix_now());
   skipped_steps_->Increment();
 }
 

@@ -2,6 +2,7 @@
 // a real scrape over HTTP.
 #include "longhaul/metrics/worker_metrics.h"
 
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -135,6 +136,43 @@ TEST(WorkerMetricsTest, ARestartedWorkerShowsTheCheckpointItRestoredFrom) {
        }) {
     EXPECT_TRUE(has_line(t, line)) << line << "\n" << t;
   }
+}
+
+double gauge_value(const std::string& text, const std::string& series) {
+  size_t pos = 0;
+  while ((pos = text.find(series + " ", pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return std::stod(text.substr(pos + series.size() + 1));
+    ++pos;
+  }
+  ADD_FAILURE() << series << " not exported:\n" << text;
+  return -1;
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The chart's LonghaulTrainingStalled and LonghaulJobRestartLoop alerts read these two: when the
+// process started, and when its global step last advanced (a skipped step advances it too).
+TEST(WorkerMetricsTest, StartTimeAndLastStepTimeAreWallClockSeconds) {
+  const double before = unix_now();
+  WorkerMetrics m(0, true, "0.1.0", "cpu");
+  std::string t = m.text();
+  const double started = gauge_value(t, "longhaul_worker_start_time_seconds{rank=\"0\"}");
+  EXPECT_GE(started, before - 1);
+  EXPECT_LE(started, unix_now() + 1);
+  EXPECT_TRUE(has_line(t, "longhaul_train_last_step_timestamp_seconds{rank=\"0\"} 0"));
+
+  m.on_step(1, 2.5, 1e-3, 0.75, 1024, 0.5);
+  const double stepped =
+      gauge_value(m.text(), "longhaul_train_last_step_timestamp_seconds{rank=\"0\"}");
+  EXPECT_GE(stepped, started - 1);
+  EXPECT_LE(stepped, unix_now() + 1);
+
+  WorkerMetrics skipping(1, false, "0.1.0", "cpu");
+  skipping.on_skipped_step(2);
+  EXPECT_GE(gauge_value(skipping.text(), "longhaul_train_last_step_timestamp_seconds{rank=\"1\"}"),
+            before - 1);
 }
 
 TEST(WorkerMetricsTest, ServesMetricsOverHttp) {

@@ -14,7 +14,11 @@
 //   longhaul_worker_regroup_duration_seconds (histogram: a lost peer recovered in place, from the
 //   failed collective to the group whole again with the state shared; worker/distributed),
 //   longhaul_worker_build_info{version,backend,attention,matmul_epilogues,self_check} = 1 (the
-//   kernel choices of the start-up self-check, "" until known; see worker/selfcheck).
+//   kernel choices of the start-up self-check, "" until known; see worker/selfcheck),
+//   longhaul_worker_start_time_seconds (Unix time the process made its metrics, i.e. started: a
+//   new value or a new series is a restart) and longhaul_train_last_step_timestamp_seconds (Unix
+//   time the global step last advanced in this process, 0 before; the chart's stall and
+//   restart-loop alerts read these two).
 //
 // WorkerMetrics is also a supervisor::CheckpointListener: give it to SupervisorOptions and the
 // checkpoint_* metrics follow every save and restore.
@@ -95,6 +99,7 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<http::Server> server_;  // serves text() on /metrics
   prometheus::Gauge* global_step_;
+  prometheus::Gauge* last_step_timestamp_;
   prometheus::Gauge* max_steps_;
   prometheus::Counter* steps_total_;
   prometheus::Counter* tokens_total_;
@@ -112,6 +117,7 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   prometheus::Counter* ckpt_saves_;
   prometheus::Counter* ckpt_restores_;
   prometheus::Gauge* is_chief_;
+  prometheus::Gauge* start_time_;
   std::string version_;
   prometheus::Counter* skipped_steps_;
   prometheus::Counter* regroups_;
