@@ -70,8 +70,8 @@ struct HttpResponse {
   std::string body;
 };
 
-// GET http://127.0.0.1:<port><path> (HTTP/1.1, Connection: close); gives up on a reply that
-// stalls for 5 s.
+// GET http://127.0.0.1:<port><path> (HTTP/1.1, Connection: close); gives up on a connect or a
+// reply that stalls for 5 s (half of Prometheus's scrape timeout).
 inline HttpResponse http_get(int port, std::string_view path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -80,6 +80,7 @@ inline HttpResponse http_get(int port, std::string_view path) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   timeval timeout{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);  // bounds connect() too
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
     return {};
