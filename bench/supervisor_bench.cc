@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <longhaul/base/crc32c.h>
@@ -42,6 +43,16 @@ namespace sup = longhaul::supervisor;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// CPU time (user + system) of this process so far: the work of a phase, which a machine shared
+// with other jobs stretches far less than its wall time. Kernel threads (writeback, the block
+// device) are not counted.
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 double secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -183,15 +194,19 @@ int main(int argc, char** argv) {
     auto p0 = Clock::now();
     ckpt.preallocate(state.tensor_specs());  // what the supervisor does at session start
     const double prealloc = secs(p0, Clock::now());
-    std::vector<double> plains, stalls, writes;
+    std::vector<double> plains, stalls, writes, plain_cpus, write_cpus;
     for (int i = 0; i < saves; ++i) {
+      double cpu0 = cpu_seconds();
       plains.push_back(plain_write(dir / "plain.bin", state.bytes()));
+      plain_cpus.push_back(cpu_seconds() - cpu0);
       state.step();
       auto t0 = Clock::now();
       ckpt.request([&](sup::Snapshot& s) { state.snapshot(s); },
                    sup::AsyncCheckpointer::Mode::kQueue);
       stalls.push_back(secs(t0, Clock::now()));
+      cpu0 = cpu_seconds();  // the training thread sleeps in wait_idle: this is the writer's
       ckpt.wait_idle();
+      write_cpus.push_back(cpu_seconds() - cpu0);
       writes.push_back(ckpt.last_stats()->write_seconds);
     }
     ckpt.stop();
@@ -212,6 +227,10 @@ int main(int argc, char** argv) {
                            *std::min_element(plains.begin(), plains.end()))
                 .substr(0, 5) +
             " (fastest of each)");
+    row("CPU time: plain write + fsync, median", median(plain_cpus), "s", "user + system");
+    row("CPU time: checkpoint write, median", median(write_cpus), "s",
+        "user + system; x" + std::to_string(median(write_cpus) / median(plain_cpus)).substr(0, 5) +
+            " the plain write's");
     auto c0 = Clock::now();
     const uint32_t combined = state.checksum_all();
     const double crc_s = secs(c0, Clock::now());
