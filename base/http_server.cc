@@ -214,8 +214,9 @@ void Server::serve() {
     });
     if ((fds[1].revents & POLLIN) == 0) continue;
     // Take every pending connection, so that a scrape never waits behind held-open ones in the
-    // listen backlog; beyond the bound, the oldest that has not sent a request makes room.
-    for (;;) {
+    // listen backlog; beyond the bound, the oldest that has not sent a request makes room. At
+    // most a bound's worth per round, so that a flood of connects cannot stall the serving.
+    for (size_t accepted = 0; accepted < max_connections_; ++accepted) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
