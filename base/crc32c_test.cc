@@ -27,6 +27,32 @@ TEST(Crc32c, ExtendEqualsWhole) {
   }
 }
 
+// extend() takes three interleaved streams through long and short blocks, joined by shift
+// tables; every split of lengths and alignments must give the table-driven result.
+TEST(Crc32c, FastPathAgreesWithTheTableOnEveryLengthAndAlignment) {
+  std::vector<uint8_t> data(3 * 8192 * 4 + 1000);
+  uint32_t x = 12345;
+  for (auto& b : data) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 64; ++n) lengths.push_back(n);
+  for (size_t n : {255u, 256u, 767u, 768u, 769u, 1000u, 24575u, 24576u, 24577u, 25000u, 49152u,
+                   49152u + 768u + 5u, 98304u}) {
+    lengths.push_back(n);
+  }
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n : lengths) {
+      for (uint32_t seed : {0u, 0xdeadbeefu}) {
+        ASSERT_EQ(extend(seed, data.data() + offset, n),
+                  extend_portable(seed, data.data() + offset, n))
+            << "length " << n << " offset " << offset << " seed " << seed;
+      }
+    }
+  }
+}
+
 TEST(Crc32c, MaskRoundTripsAndDiffers) {
   for (uint32_t c : {0u, 1u, 0xe3069283u, 0xffffffffu}) {
     EXPECT_EQ(unmask(mask(c)), c);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,11 +21,59 @@
 
 namespace longhaul::http {
 
-Server::Server(std::string what, std::string bind_address, int port, Handler handler)
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxRequestBytes = 8192;  // a scrape or probe request is a few hundred bytes
+constexpr int kListenBacklog = 4096;       // the kernel caps it at net.core.somaxconn
+// After accept() failed for want of descriptors with no connection left to evict.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+
+size_t default_max_connections() {
+  rlimit limit{};
+  uint64_t soft = 1024;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    soft = limit.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 20 : limit.rlim_cur;
+  }
+  return static_cast<size_t>(std::clamp<uint64_t>(soft / 4, 16, 1024));
+}
+
+// One client connection of the event loop.
+struct Client {
+  int fd = -1;
+  Clock::time_point header_deadline;   // the whole request header must have arrived by then
+  Clock::time_point request_deadline;  // the last byte of the response must be sent by then
+  std::string in;                      // request bytes read so far
+  std::string out;                     // the response, once the request is complete
+  size_t sent = 0;
+  bool writing = false;  // the request is complete; `out` is being sent
+  bool done = false;     // to be closed
+  Clock::time_point deadline() const { return writing ? request_deadline : header_deadline; }
+};
+
+// Closes the oldest connection that has not sent a whole request yet (`clients` is in accept
+// order). False when every connection is already being answered.
+bool evict_oldest_incomplete(std::vector<Client>& clients) {
+  auto it =
+      std::find_if(clients.begin(), clients.end(), [](const Client& c) { return !c.writing; });
+  if (it == clients.end()) return false;
+  ::close(it->fd);
+  clients.erase(it);
+  return true;
+}
+
+}  // namespace
+
+Server::Server(std::string what, std::string bind_address, int port, Handler handler,
+               ServerOptions options)
     : what_(std::move(what)),
       address_(std::move(bind_address)),
       port_(port),
-      handler_(std::move(handler)) {}
+      handler_(std::move(handler)),
+      options_(options),
+      max_connections_(options.max_connections > 0 ? options.max_connections
+                                                   : default_max_connections()) {}
 
 Server::~Server() { stop(); }
 
@@ -34,12 +84,12 @@ void Server::start() {
   if (::inet_pton(AF_INET, address_.c_str(), &addr.sin_addr) != 1) {
     throw InvalidArgument(what_ + " address \"" + address_ + "\" is not an IPv4 address");
   }
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) throw_errno("cannot create a socket for", what_, errno);
   int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::listen(listen_fd_, 64) != 0) {
+      ::listen(listen_fd_, kListenBacklog) != 0) {
     const int err = errno;
     ::close(listen_fd_);
     listen_fd_ = -1;
@@ -65,24 +115,6 @@ void Server::stop() {
   }
 }
 
-namespace {
-
-// One client connection of the event loop.
-struct PendingRequest {
-  int fd = -1;
-  std::chrono::steady_clock::time_point deadline;
-  std::string in;   // request bytes read so far
-  std::string out;  // the response, once the request is complete
-  size_t sent = 0;
-  bool writing = false;
-};
-
-constexpr size_t kMaxConnections = 64;     // more wait in the listen backlog
-constexpr size_t kMaxRequestBytes = 8192;  // a scrape or probe request is a few hundred bytes
-constexpr auto kRequestDeadline = std::chrono::seconds(5);  // accept -> response sent
-
-}  // namespace
-
 std::string Server::respond(const std::string& request) {
   // Request line: METHOD SP PATH[?QUERY] SP VERSION
   const std::string_view line(request.data(), std::min(request.find("\r\n"), request.size()));
@@ -105,31 +137,35 @@ std::string Server::respond(const std::string& request) {
          "\r\nConnection: close\r\n\r\n" + response.body;
 }
 
-// An event loop over non-blocking sockets: up to kMaxConnections clients at once, each with a
-// deadline from accept to the last byte sent, so idle or slow clients neither delay the others
-// nor a stop (the wake pipe ends the loop at once and every connection is closed).
+// The event loop: every connection polled each round (a few hundred descriptors cost poll()
+// microseconds), each closed when done or past its deadline; the listen socket is drained on
+// every round it is readable, evicting the oldest incomplete connection beyond the bound; the
+// wake pipe ends the loop at once and every connection is closed.
 void Server::serve() {
-  using Clock = std::chrono::steady_clock;
-  ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
-  std::vector<PendingRequest> conns;
+  std::vector<Client> clients;  // in accept order: the front is the oldest
+  std::vector<pollfd> fds;
+  auto accept_paused_until = Clock::time_point::min();
   auto close_all = [&] {
-    for (auto& c : conns) ::close(c.fd);
-    conns.clear();
+    for (auto& c : clients) ::close(c.fd);
+    clients.clear();
   };
+  const auto header_timeout = std::min(options_.header_timeout, options_.request_timeout);
   for (;;) {
-    std::vector<pollfd> fds;
+    auto now = Clock::now();
+    const bool accepting = now >= accept_paused_until;
+    fds.clear();
     fds.push_back({wake_pipe_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, static_cast<short>(conns.size() < kMaxConnections ? POLLIN : 0), 0});
-    auto next_deadline = Clock::time_point::max();
-    for (const auto& c : conns) {
+    fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
+    auto next_deadline = accepting ? Clock::time_point::max() : accept_paused_until;
+    for (const auto& c : clients) {
       fds.push_back({c.fd, static_cast<short>(c.writing ? POLLOUT : POLLIN), 0});
-      next_deadline = std::min(next_deadline, c.deadline);
+      next_deadline = std::min(next_deadline, c.deadline());
     }
     int timeout_ms = -1;
-    if (!conns.empty()) {
+    if (next_deadline != Clock::time_point::max()) {
       const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - Clock::now());
-      timeout_ms = static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 60'000));
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
@@ -141,48 +177,60 @@ void Server::serve() {
       return;
     }
     // Serve the connections polled (indices shift by 2), then drop the finished and expired.
-    const auto now = Clock::now();
-    for (size_t i = 0; i < conns.size(); ++i) {
-      PendingRequest& c = conns[i];
-      const short ev = fds[i + 2].revents;
-      if (ev == 0) continue;
+    now = Clock::now();
+    for (size_t i = 0; i < clients.size(); ++i) {
+      Client& c = clients[i];
+      if (fds[i + 2].revents == 0) continue;
       if (!c.writing) {
-        char buf[2048];
+        char buf[4096];
         const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (n <= 0 && c.in.empty()) {
-          c.deadline = now;  // closed without a request
+        if (n < 0 || (n == 0 && c.in.empty())) {  // reset, or closed without a request
+          c.done = true;
           continue;
         }
-        if (n > 0) c.in.append(buf, static_cast<size_t>(n));
-        if (n <= 0 || c.in.find("\r\n\r\n") != std::string::npos ||
-            c.in.size() >= kMaxRequestBytes) {
-          c.out = respond(c.in);
-          c.writing = true;
+        c.in.append(buf, static_cast<size_t>(n));
+        if (n > 0 && c.in.find("\r\n\r\n") == std::string::npos && c.in.size() < kMaxRequestBytes) {
+          continue;  // more of the header to come
         }
-        continue;
+        c.out = respond(c.in);
+        c.writing = true;
+        // The socket is almost always writable now: send without another round of poll().
       }
       const ssize_t n =
           ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       if (n <= 0) {
-        c.deadline = now;
+        c.done = true;
         continue;
       }
       c.sent += static_cast<size_t>(n);
-      if (c.sent == c.out.size()) c.deadline = now;  // done
+      if (c.sent == c.out.size()) c.done = true;
     }
-    std::erase_if(conns, [&](const PendingRequest& c) {
-      if (c.deadline > now) return false;
+    std::erase_if(clients, [&](const Client& c) {
+      if (!c.done && c.deadline() > now) return false;
       ::close(c.fd);
       return true;
     });
-    if ((fds[1].revents & POLLIN) != 0) {
-      while (conns.size() < kMaxConnections) {
-        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        conns.push_back(PendingRequest{fd, Clock::now() + kRequestDeadline, {}, {}, 0, false});
+    if ((fds[1].revents & POLLIN) == 0) continue;
+    // Take every pending connection, so that a scrape never waits behind held-open ones in the
+    // listen backlog; beyond the bound, the oldest that has not sent a request makes room. At
+    // most a bound's worth per round, so that a flood of connects cannot stall the serving.
+    for (size_t accepted = 0; accepted < max_connections_; ++accepted) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        const bool out_of_fds = errno == EMFILE || errno == ENFILE;
+        if (out_of_fds && evict_oldest_incomplete(clients)) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) accept_paused_until = now + kAcceptRetry;
+        break;
       }
+      Client c;
+      c.fd = fd;
+      c.header_deadline = now + header_timeout;
+      c.request_deadline = now + options_.request_timeout;
+      clients.push_back(std::move(c));
+      if (clients.size() > max_connections_) evict_oldest_incomplete(clients);
     }
   }
 }

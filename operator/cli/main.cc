@@ -203,8 +203,7 @@ int run(int argc, char** argv) {
   kube::set_io_threads(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
 
   const kube::ClusterConfig config = kube::load_default_config(flags.kubeconfig, flags.context);
-  operator_cli::OperatorMetrics metrics(
-      flags.bind_address + ":" + std::to_string(flags.metrics_port), LONGHAUL_VERSION);
+  operator_cli::OperatorMetrics metrics(flags.bind_address, flags.metrics_port, LONGHAUL_VERSION);
   kube::HttpClientOptions client_options;
   client_options.qps = flags.qps;
   client_options.burst = flags.burst;

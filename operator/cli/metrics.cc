@@ -1,6 +1,8 @@
 // The operator's Prometheus metrics (see metrics.h).
 #include "metrics.h"
 
+#include <prometheus/text_serializer.h>
+
 namespace longhaul::operator_cli {
 namespace {
 
@@ -14,9 +16,9 @@ const char* kPhases[] = {"Pending", "Running", "Restarting", "Succeeded", "Faile
 
 }  // namespace
 
-OperatorMetrics::OperatorMetrics(const std::string& bind_address, const std::string& version)
+OperatorMetrics::OperatorMetrics(const std::string& bind_address, int port,
+                                 const std::string& version)
     : registry_(std::make_shared<prometheus::Registry>()),
-      exposer_(std::make_unique<prometheus::Exposer>(bind_address)),
       reconciles_(prometheus::BuildCounter()
                       .Name("longhaul_operator_reconciles_total")
                       .Help("TrainingJob reconciles by result (success, error, requeue)")
@@ -72,7 +74,14 @@ OperatorMetrics::OperatorMetrics(const std::string& bind_address, const std::str
                      .Name("longhaul_operator_is_leader")
                      .Help("1 while this replica holds the leader Lease (or election is off)")
                      .Register(*registry_)
-                     .Add({})) {
+                     .Add({})),
+      server_("Prometheus metrics", bind_address, port,
+              [this](std::string_view method, std::string_view path) {
+                if (path != "/metrics") return http::Response{404, "text/plain", "try /metrics\n"};
+                if (method != "GET") return http::Response{405, "text/plain", "GET only\n"};
+                return http::Response{200, "text/plain; version=0.0.4; charset=utf-8",
+                                      prometheus::TextSerializer().Serialize(registry_->Collect())};
+              }) {
   prometheus::BuildGauge()
       .Name("longhaul_operator_build_info")
       .Help("Build information; always 1")
@@ -80,12 +89,7 @@ OperatorMetrics::OperatorMetrics(const std::string& bind_address, const std::str
       .Add({{"version", version}})
       .Set(1);
   for (const char* phase : kPhases) phase_gauges_[phase] = &jobs_.Add({{"phase", phase}});
-  exposer_->RegisterCollectable(registry_);
-}
-
-int OperatorMetrics::port() const {
-  const auto ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
+  server_.start();
 }
 
 prometheus::Counter& OperatorMetrics::cached(prometheus::Family<prometheus::Counter>& family,

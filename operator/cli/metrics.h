@@ -1,5 +1,7 @@
 // The operator's Prometheus metrics, built once at start-up on one registry, with labelled
-// children cached. Served by prometheus-cpp's Exposer on --metrics-port at /metrics. The chart's
+// children cached. Served on --metrics-port at /metrics by longhaul::http::Server (base/), which
+// connections held open by other pods cannot starve (civetweb, under prometheus-cpp's Exposer,
+// served two connections at a time, each allowed to sit idle for 30 s). The chart's
 // Grafana dashboard (charts/longhaul/dashboards/longhaul-operator.json) and README's alert rules
 // use these names.
 //
@@ -13,18 +15,20 @@
 #include <string_view>
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include "longhaul/base/http_server.h"
 
 namespace longhaul::operator_cli {
 
 class OperatorMetrics {
  public:
-  // Serves /metrics on bind_address ("0.0.0.0:8080"; port 0 picks a free one).
-  OperatorMetrics(const std::string& bind_address, const std::string& version);
-  int port() const;
+  // Serves /metrics on bind_address:port (IPv4; port 0 picks a free one). Throws Unavailable
+  // naming the port when it is taken, InvalidArgument for an address that is not IPv4.
+  OperatorMetrics(const std::string& bind_address, int port, const std::string& version);
+  int port() const { return server_.port(); }
 
   void reconcile(std::string_view result, double seconds);           // success|error|requeue
   void reconcile_cpu(double seconds);                                // the worker thread's CPU
@@ -42,7 +46,6 @@ class OperatorMetrics {
                               std::map<std::string, prometheus::Counter*>& cache,
                               const std::map<std::string, std::string>& labels);
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Counter>& reconciles_;
   prometheus::Histogram& reconcile_duration_;
   prometheus::Histogram& reconcile_cpu_;
@@ -59,6 +62,8 @@ class OperatorMetrics {
   std::map<std::string, prometheus::Counter*> counter_cache_;  // guarded by mu_
   std::map<std::string, std::string> phase_of_;                // guarded by mu_: job -> phase
   std::map<std::string, prometheus::Gauge*> phase_gauges_;     // guarded by mu_
+
+  http::Server server_;  // last: stopped and joined before anything it serves goes
 };
 
 }  // namespace longhaul::operator_cli

@@ -86,6 +86,25 @@ TEST_F(Binary, ServesMetricsAndProbesReconcilesAndStopsOnSigterm) {
   EXPECT_NE(op.log().find("longhaul-operator stopped"), std::string::npos);
 }
 
+// Regression (#23): connections held open without a request (anything in the pod network can
+// hold them) starved the metrics endpoint, whose server took two at a time and let each sit idle
+// for 30 s. With 500 held on each of /metrics and the probe port, a scrape and the probes are
+// still answered and SIGTERM still ends the operator.
+TEST_F(Binary, HeldOpenConnectionsStarveNeitherMetricsNorProbesNorTheStop) {
+  raise_open_files_limit();
+  OperatorProcess op(dir, "a", {"--leader-elect=false"});
+  ASSERT_TRUE(eventually([&] { return op.ready(); }, 10s)) << op.log();
+  HeldConnections on_metrics(op.metrics_port(), 500);
+  HeldConnections on_probes(op.health_port(), 500);
+  ASSERT_EQ(on_metrics.size() + on_probes.size(), 1000u);
+  // http_get gives up on a reply that stalls for 5 s: half of Prometheus's scrape timeout.
+  EXPECT_NE(op.metrics().find("longhaul_operator_is_leader 1"), std::string::npos) << op.log();
+  EXPECT_EQ(op.health("/healthz"), 200);
+  EXPECT_EQ(op.health("/readyz"), 200);
+  op.kill(SIGTERM);
+  EXPECT_EQ(op.wait_exit(15s), 0) << op.log();
+}
+
 TEST_F(Binary, KilledMidFlightAndRestartedMakesNoDuplicatesAndLosesNoJobs) {
   auto op =
       std::make_unique<OperatorProcess>(dir, "a", std::vector<std::string>{"--leader-elect=false"});

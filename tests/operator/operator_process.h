@@ -89,6 +89,8 @@ class OperatorProcess {
   std::string metrics() { return http_get(metrics_port_, "/metrics").body; }
   int health(const std::string& path) { return http_get(health_port_, path).status; }
   bool ready() { return health("/readyz") == 200; }
+  int metrics_port() const { return metrics_port_; }
+  int health_port() const { return health_port_; }
   std::string log() {
     std::ifstream in(log_);
     return std::string(std::istreambuf_iterator<char>(in), {});

@@ -3,10 +3,12 @@
 // written. Each test is named after the defect it guards against.
 #include <chrono>
 #include <cstring>
+#include <memory>
 
 #include <gtest/gtest.h>
 
 #include "longhaul/supervisor/safetensors.h"
+#include "longhaul/testing/loopback.h"
 #include "longhaul/testing/test_temp_dir.h"
 #include "worker_process.h"
 
@@ -148,6 +150,45 @@ TEST_F(WorkerStopTest, ASecondTrainOnTheSameLogdirIsRefusedNamingTheHolder) {
   EXPECT_TRUE(first.running());
   first.signal(SIGTERM);
   ASSERT_EQ(first.wait(90s), 143) << first.err();
+}
+
+// Regression (#23): connections held open on --metrics-port without a request (anything in the
+// pod network can hold them) filled the metrics server: 100 made a scrape take seconds, 200 kept
+// a new connection from being accepted at all. With 500 held, a scrape still answers and SIGTERM
+// still commits the final checkpoint and exits inside the grace period.
+TEST_F(WorkerStopTest, HeldOpenMetricsConnectionsDelayNeitherAScrapeNorTheSigterm) {
+  longhaul::testing::raise_open_files_limit();  // 500 held + the worker's share of them
+  write_text(dir_ / "long.yaml", small_model_config(1000000, 0));
+  // A free port can be taken by a parallel test between the probe and the worker's bind; the
+  // worker then exits naming the port, and another is tried.
+  int port = 0;
+  std::unique_ptr<WorkerProcess> worker;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    port = longhaul::testing::free_loopback_port();
+    worker = std::make_unique<WorkerProcess>(
+        std::vector<std::string>{"train", "--config", "long.yaml", "--logdir", "b",
+                                 "--metrics-port", std::to_string(port), "--set",
+                                 "grace_period_secs=30"},
+        dir_, dir_);
+    if (worker->wait_for_stdout("step     20/", 120s)) break;
+    ASSERT_TRUE(!worker->running() && contains(worker->err(), "cannot serve Prometheus"))
+        << worker->err();
+    worker.reset();
+  }
+  ASSERT_NE(worker, nullptr) << "no free metrics port after 5 attempts";
+  longhaul::testing::HeldConnections held(port, 500);
+  ASSERT_EQ(held.size(), 500u);
+  // http_get gives up on a reply that stalls for 5 s: half of Prometheus's scrape timeout.
+  const auto scrape = longhaul::testing::http_get(port, "/metrics");
+  EXPECT_EQ(scrape.status, 200);
+  EXPECT_TRUE(contains(scrape.body, "longhaul_train_global_step{rank=\"0\"}")) << scrape.body;
+  worker->signal(SIGTERM);
+  // Bounded by the grace period (30 s) plus a generous margin for a loaded machine.
+  ASSERT_EQ(worker->wait(90s), 143) << worker->err();
+  EXPECT_TRUE(contains(worker->err(), "final checkpoint committed")) << worker->err();
+  const auto step = state_file_latest_step(dir_ / "b");
+  ASSERT_TRUE(step.has_value());
+  EXPECT_GE(*step, 20);
 }
 
 }  // namespace

@@ -98,13 +98,14 @@ void pause_here_for_tests(const std::filesystem::path& path) {
 
 }  // namespace
 
-uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
-                           const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The data is checksummed and written in pieces of this size: each is read from memory once for
+// its CRC-32C and then copied into the page cache while it is still in the CPU cache.
+constexpr size_t kChecksumPiece = 512 << 10;
+
+void check_tensors(const std::filesystem::path& path, std::span<const TensorView> tensors) {
   std::set<std::string_view> names;
-  nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  uint64_t offset = 0;
-  std::vector<nlohmann::ordered_json> entries;
   for (const auto& t : tensors) {
     const TensorSpec& spec = *t.spec;
     if (spec.name.empty() || spec.name == "__metadata__") {
@@ -120,12 +121,20 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
                             " bytes but its spec " + std::string(dtype_name(spec.dtype)) +
                             shape_string(spec.shape) + " needs " + std::to_string(spec.nbytes()));
     }
-    crcs[spec.name] = hex32(crc32c::value(t.bytes.data(), t.bytes.size()));
   }
+}
+
+// The header: its 8-byte little-endian length, then the JSON padded with spaces to a multiple of
+// 8. Checksums are fixed-width hex, so the length does not depend on `crcs` (one per tensor).
+std::string header_bytes(std::span<const TensorView> tensors,
+                         const std::map<std::string, std::string>& metadata,
+                         const std::vector<uint32_t>& crcs) {
+  nlohmann::ordered_json crc_object = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < tensors.size(); ++i) crc_object[tensors[i].spec->name] = hex32(crcs[i]);
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
   for (const auto& [k, v] : metadata) meta[k] = v;
   if (!meta.contains("format")) meta["format"] = "pt";
-  meta[std::string(kCrc32cMetadataKey)] = crcs.dump();
+  meta[std::string(kCrc32cMetadataKey)] = crc_object.dump();
   {
     std::map<std::string, std::string> sorted;
     for (auto it = meta.begin(); it != meta.end(); ++it) {
@@ -133,7 +142,9 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
     }
     meta[std::string(kMetadataCrc32cKey)] = hex32(metadata_crc32c(sorted));
   }
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header["__metadata__"] = meta;
+  uint64_t offset = 0;
   for (const auto& t : tensors) {
     const TensorSpec& spec = *t.spec;
     nlohmann::ordered_json e = nlohmann::ordered_json::object();
@@ -145,18 +156,43 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
-  uint64_t n = json.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(json.size() >> (8 * i));
+  return out + json;
+}
+
+}  // namespace
+
+// One pass over the data: each piece is checksummed and written while in the CPU cache (a
+// separate checksum pass would read the whole state from memory twice). The header, which holds
+// the checksums, is written first with placeholders of the same length and rewritten at the end.
+uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
+                           const std::map<std::string, std::string>& metadata) {
+  check_tensors(path, tensors);
+  std::vector<uint32_t> crcs(tensors.size(), 0);
+  const std::string placeholder = header_bytes(tensors, metadata, crcs);
 
   file::AtomicFile out(path);
-  out.write(len, 8);
-  out.write(json);
-  for (const auto& t : tensors) {
-    out.write(t.bytes.data(), t.bytes.size());
+  out.write(placeholder);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::span<const std::byte> bytes = tensors[i].bytes;
+    uint32_t crc = 0;
+    for (size_t at = 0; at < bytes.size(); at += kChecksumPiece) {
+      const size_t n = std::min(kChecksumPiece, bytes.size() - at);
+      crc = crc32c::extend(crc, bytes.data() + at, n);
+      out.write(bytes.data() + at, n);
+    }
+    crcs[i] = crc;
     pause_here_for_tests(path);
   }
-  uint64_t total = out.bytes_written();
+  const std::string header = header_bytes(tensors, metadata, crcs);
+  if (header.size() != placeholder.size()) {
+    throw Internal("the safetensors header of " + path.string() + " changed length from " +
+                   std::to_string(placeholder.size()) + " to " + std::to_string(header.size()) +
+                   " bytes when its checksums were filled in; this is a bug in longhaul");
+  }
+  out.overwrite(0, header);
+  const uint64_t total = out.bytes_written();
   out.commit();
   return total;
 }

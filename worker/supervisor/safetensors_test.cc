@@ -2,12 +2,14 @@
 // DataLoss that names the file.
 #include "longhaul/supervisor/safetensors.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "longhaul/base/crc32c.h"
 #include "longhaul/base/error.h"
 #include "test_util.h"
 
@@ -47,6 +49,39 @@ std::string build_file(const std::string& json, const std::string& data) {
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(json.size() >> (8 * i));
   return out + json + data;
+}
+
+// The writer checksums large tensors piece by piece while writing them and fills the header in
+// last (over placeholders of the same length): the header must still hold each tensor's CRC-32C
+// of its whole bytes, and the data must land where the header says, for tensors larger than a
+// piece and a file larger than a writeback chunk.
+TEST(Safetensors, LargeTensorsWrittenInPiecesCarryTheirWholeChecksums) {
+  TempDir dir;
+  auto path = dir / "model.ckpt-7.safetensors";
+  Snapshot s;
+  s.step = 7;
+  s.reshape({
+      TensorSpec{"small", DType::kF32, {3}},
+      TensorSpec{"pieces", DType::kF32, {(3 << 20) / 4 + 5}},  // 3 MiB + 20 bytes
+      TensorSpec{"chunks", DType::kU8, {(40 << 20) + 3}},      // past one 32 MiB chunk
+  });
+  for (auto& b : s.buffers) {
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  }
+  write_safetensors(path, s);
+
+  SafetensorsReader r(path, {.require_checksums = true});
+  r.verify_all();  // throws DataLoss on any mismatch
+  const auto crcs = nlohmann::json::parse(r.metadata().at("crc32c"));
+  for (size_t i = 0; i < s.specs.size(); ++i) {
+    const auto& name = s.specs[i].name;
+    auto data = r.data(name);
+    ASSERT_EQ(data.size(), s.buffers[i].size()) << name;
+    EXPECT_EQ(std::memcmp(data.data(), s.buffers[i].data(), data.size()), 0) << name;
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", crc32c::value(s.buffers[i].data(), s.buffers[i].size()));
+    EXPECT_EQ(crcs.at(name).get<std::string>(), hex) << name;
+  }
 }
 
 TEST(Safetensors, RoundTripKeepsNamesShapesBytesAndMetadata) {

@@ -6,6 +6,13 @@
 // whole new one, never a torn one. An AtomicFile destroyed without commit() removes its
 // temporary file.
 //
+// A large file is written at the disk's pace rather than into the page cache first: once a chunk
+// (32 MiB) has been handed to the kernel its writeback is started (sync_file_range), the chunk
+// before it is waited for and its pages dropped (posix_fadvise DONTNEED). The disk works while
+// the caller is still producing bytes, the final fsync has at most two chunks left to flush, and
+// a checkpoint never fills the page cache (which counts against a container's memory) with
+// gigabytes of dirty or dead pages. The commit protocol and its guarantees are unchanged.
+//
 // Thread-safety: an AtomicFile is used by one thread at a time; distinct objects are independent.
 #pragma once
 
@@ -28,10 +35,15 @@ class AtomicFile {
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
 
-  // Appends bytes (buffered in large writes). Throws Unavailable on ENOSPC/EIO naming the file.
+  // Appends bytes: small pieces are gathered in a buffer, large ones (64 KiB and up) go to the
+  // kernel straight from `data`. Throws Unavailable on ENOSPC/EIO naming the file.
   void write(const void* data, size_t n);
   void write(std::string_view s) { write(s.data(), s.size()); }
   uint64_t bytes_written() const { return bytes_written_; }
+
+  // Replaces bytes already written (offset + n <= bytes_written()): a header whose checksums are
+  // known only once the data after it has been written. Throws InvalidArgument past the end.
+  void overwrite(uint64_t offset, std::string_view bytes);
 
   // fsync + rename + fsync(dir). After it returns, <path> holds exactly what was written.
   void commit();
@@ -41,11 +53,16 @@ class AtomicFile {
 
  private:
   void flush_buffer();
+  void write_to_kernel(const char* p, size_t n);  // at the end of the file, then pace_writeback
+  void pace_writeback();
   std::filesystem::path path_;
   std::filesystem::path temp_path_;
   int fd_ = -1;
   bool committed_ = false;
   uint64_t bytes_written_ = 0;
+  uint64_t bytes_in_kernel_ = 0;     // handed to write(); the rest is in buffer_
+  uint64_t writeback_started_ = 0;   // [0, this) has had its writeback started
+  uint64_t writeback_finished_ = 0;  // [0, this) is on disk and out of the page cache
   std::string buffer_;
 };
 

@@ -1,15 +1,22 @@
 // Loopback helpers for tests and benchmarks that talk to a server they started: a free port to
-// hand it, and a plain HTTP GET of what it serves (/metrics, probes). Header-only; every test
-// built with longhaul_add_test (and the benchmarks) has tests/support on its include path.
+// hand it, a plain HTTP GET of what it serves (/metrics, probes), and connections held open
+// without a request (what anything in a pod network can do to a metrics endpoint). Header-only;
+// every test built with longhaul_add_test (and the benchmarks) has tests/support on its include
+// path.
 #pragma once
 
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -63,8 +70,8 @@ struct HttpResponse {
   std::string body;
 };
 
-// GET http://127.0.0.1:<port><path> (HTTP/1.1, Connection: close); gives up on a reply that
-// stalls for 5 s.
+// GET http://127.0.0.1:<port><path> (HTTP/1.1, Connection: close); gives up on a connect or a
+// reply that stalls for 5 s (half of Prometheus's scrape timeout).
 inline HttpResponse http_get(int port, std::string_view path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -73,6 +80,7 @@ inline HttpResponse http_get(int port, std::string_view path) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   timeval timeout{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);  // bounds connect() too
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
     return {};
@@ -92,5 +100,87 @@ inline HttpResponse http_get(int port, std::string_view path) {
   return {std::stoi(reply.substr(9, 3)),
           header_end == std::string::npos ? std::string() : reply.substr(header_end + 4)};
 }
+
+// Raises the soft limit on open files to the hard limit, for a test or benchmark that holds
+// hundreds of connections (both ends in one process); returns the new soft limit.
+inline uint64_t raise_open_files_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return limit.rlim_cur;
+}
+
+// Connections to 127.0.0.1:<port> opened without waiting for the server to accept them (a
+// non-blocking connect: a server whose backlog is full cannot stall the caller), then held. Each
+// may be given a prefix of a request (a client that stops, or trickles, in the middle of its
+// header). The destructor closes those still open.
+class HeldConnections {
+ public:
+  HeldConnections(int port, int count, std::string_view prefix = {}) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < count; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 &&
+          errno != EINPROGRESS) {
+        ::close(fd);
+        continue;
+      }
+      fds_.push_back(fd);
+    }
+    if (!prefix.empty()) send_each(prefix);
+  }
+  ~HeldConnections() {
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  HeldConnections(const HeldConnections&) = delete;
+  HeldConnections& operator=(const HeldConnections&) = delete;
+
+  size_t size() const { return fds_.size(); }
+
+  // Sends `bytes` on every connection (those not yet connected or already closed ignore it).
+  void send_each(std::string_view bytes) {
+    for (int fd : fds_) {
+      if (fd >= 0) {
+        [[maybe_unused]] const ssize_t n =
+            ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
+  }
+
+  // How many the server has closed: a read sees the end of the stream or a reset (never
+  // blocks; what the server sent before closing is discarded).
+  size_t closed_by_server() {
+    size_t closed = 0;
+    for (int& fd : fds_) {
+      if (fd < 0) {
+        ++closed;
+        continue;
+      }
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+      }
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        ::close(fd);
+        fd = -1;
+        ++closed;
+      }
+    }
+    return closed;
+  }
+
+ private:
+  std::vector<int> fds_;  // -1 once seen closed by the server
+};
 
 }  // namespace longhaul::testing
