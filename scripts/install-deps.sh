@@ -2,7 +2,8 @@
 # Installs every Debian package longhaul needs to build, test and run. Idempotent: packages that
 # are already installed are left alone, so README, .ci/run and the Dockerfiles can all call it.
 #
-#   scripts/install-deps.sh            build + test dependencies
+#   scripts/install-deps.sh            build + test dependencies (README, scripts/test.sh, CI)
+#   scripts/install-deps.sh --build    only what building needs (the images' build stages)
 #   scripts/install-deps.sh --runtime  only the shared libraries the binaries need at run time
 set -euo pipefail
 
@@ -11,16 +12,30 @@ build_packages=(
   libcpprest-dev libyaml-cpp-dev prometheus-cpp-dev libgtest-dev libgmock-dev libgloo-dev
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libssl-dev zlib1g-dev
   libopenblas-dev python3 python3-venv
-  prometheus  # only for tests: a real Prometheus scrapes the worker and operator (promtool too)
-  etcd-server xz-utils  # only for tests: etcd under the real kube-apiserver (tests/envtest)
+)
+# Only for tests (never in an image).
+test_packages=(
+  prometheus  # a real Prometheus scrapes the worker and operator (promtool too)
+  etcd-server xz-utils  # etcd under the real kube-apiserver (tests/envtest)
+  # Container images and the real node (tests/images, tests/node): scripts/build-images.sh makes
+  # a Debian 12 base from Debian's archive (mmdebstrap), builds docker/*.Dockerfile with podman
+  # (buildah inside) and runs them with runc; the real-node harness runs the kubelet on
+  # containerd + runc with the CNI bridge plugins, catatonit as the pause image, iproute2 for
+  # the bridge.
+  podman buildah mmdebstrap runc
+  containerd containernetworking-plugins catatonit iproute2
 )
 runtime_packages=(
   libcpprest2.10 libyaml-cpp0.7 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
   libgloo0 libprotobuf32 libopenblas0-pthread libssl3 zlib1g ca-certificates
 )
 
-packages=("${build_packages[@]}")
-if [[ "${1:-}" == "--runtime" ]]; then packages=("${runtime_packages[@]}"); fi
+case "${1:-}" in
+  "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+  --build) packages=("${build_packages[@]}") ;;
+  --runtime) packages=("${runtime_packages[@]}") ;;
+  *) echo "usage: scripts/install-deps.sh [--build | --runtime]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
