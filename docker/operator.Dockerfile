@@ -5,7 +5,7 @@
 #   (deployed by charts/longhaul; the chart runs it as UID 65532 with a read-only root)
 #
 # The build stage runs the same scripts/install-deps.sh and CMake `ci` preset as CI; the runtime
-# stage is Debian 12 slim with only the shared libraries from `install-deps.sh --runtime`. The
+# stage is Debian 12 slim with only the shared libraries from `install-deps.sh --runtime operator`. The
 # `prebuilt` target is the same runtime stage with the binary taken from the build context's
 # prebuilt/ folder (scripts/build-images.sh --prebuilt; what the tests use). The Debian base
 # images are build arguments (the tests pass one made locally with mmdebstrap).
@@ -28,7 +28,7 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
 # ---------------------------------------------------------------------------------------------
 FROM ${DEBIAN_SLIM_IMAGE} AS runtime-base
 COPY scripts/install-deps.sh /tmp/install-deps.sh
-RUN /tmp/install-deps.sh --runtime \
+RUN /tmp/install-deps.sh --runtime operator \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/install-deps.sh \
  && useradd --uid 65532 --user-group --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin longhaul

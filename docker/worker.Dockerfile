@@ -75,12 +75,13 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
  && install -D -m 0755 -s build/ci/worker/cli/longhaul-worker /out/longhaul-worker
 
 # ---------------------------------------------------------------------------------------------
-# Runtime, CPU variant: Debian 12 slim, the shared libraries of `install-deps.sh --runtime`, a
-# non-root user. No compiler, no CUDA. PID 1 is longhaul-worker itself (exec-form ENTRYPOINT):
-# it handles SIGTERM (final checkpoint, exit 143) and reaps nothing it did not start.
+# Runtime, CPU variant: Debian 12 slim, the worker's shared libraries (`install-deps.sh
+# --runtime worker`), a non-root user. No compiler, no CUDA. PID 1 is longhaul-worker itself
+# (exec-form ENTRYPOINT): `train` handles SIGTERM (final checkpoint, exit 143) and starts no
+# child process.
 FROM ${DEBIAN_SLIM_IMAGE} AS runtime-cpu
 COPY scripts/install-deps.sh /tmp/install-deps.sh
-RUN /tmp/install-deps.sh --runtime \
+RUN /tmp/install-deps.sh --runtime worker \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/install-deps.sh \
  && useradd --uid 65532 --user-group --create-home --home-dir /home/longhaul \
       --shell /usr/sbin/nologin longhaul
@@ -124,7 +125,7 @@ RUN apt-get update -qq \
  && apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       cuda-cudart-${CUDA_PACKAGE_VERSION} libcublas-${CUDA_PACKAGE_VERSION} libnccl2 \
- && /tmp/install-deps.sh --runtime \
+ && /tmp/install-deps.sh --runtime worker \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/install-deps.sh \
  && useradd --uid 65532 --user-group --create-home --home-dir /home/longhaul \
       --shell /usr/sbin/nologin longhaul

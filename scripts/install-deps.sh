@@ -4,7 +4,9 @@
 #
 #   scripts/install-deps.sh            build + test dependencies (README, scripts/test.sh, CI)
 #   scripts/install-deps.sh --build    only what building needs (the images' build stages)
-#   scripts/install-deps.sh --runtime  only the shared libraries the binaries need at run time
+#   scripts/install-deps.sh --runtime [worker|operator]
+#                                      only the shared libraries the binaries (or one of them)
+#                                      need at run time
 set -euo pipefail
 
 build_packages=(
@@ -25,16 +27,23 @@ test_packages=(
   podman buildah mmdebstrap runc
   containerd containernetworking-plugins catatonit iproute2
 )
-runtime_packages=(
-  libcpprest2.10 libyaml-cpp0.7 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
-  libgloo0 libprotobuf32 libopenblas0-pthread libssl3 zlib1g ca-certificates
-)
+# The shared libraries of the binaries, for the images' runtime stages: those both load, then
+# each binary's own (tests/chart/runtime_deps_test.py checks them against ldd).
+runtime_packages=(libyaml-cpp0.7 libprometheus-cpp-core1.0 zlib1g ca-certificates)
+worker_runtime_packages=(libopenblas0-pthread libgloo0 libprotobuf32)
+operator_runtime_packages=(libcpprest2.10 libprometheus-cpp-pull1.0 libssl3)
 
 case "${1:-}" in
   "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
   --build) packages=("${build_packages[@]}") ;;
-  --runtime) packages=("${runtime_packages[@]}") ;;
-  *) echo "usage: scripts/install-deps.sh [--build | --runtime]" >&2; exit 2 ;;
+  --runtime)
+    case "${2:-}" in
+      "") packages=("${runtime_packages[@]}" "${worker_runtime_packages[@]}" "${operator_runtime_packages[@]}") ;;
+      worker) packages=("${runtime_packages[@]}" "${worker_runtime_packages[@]}") ;;
+      operator) packages=("${runtime_packages[@]}" "${operator_runtime_packages[@]}") ;;
+      *) echo "usage: scripts/install-deps.sh --runtime [worker|operator]" >&2; exit 2 ;;
+    esac ;;
+  *) echo "usage: scripts/install-deps.sh [--build | --runtime [worker|operator]]" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -90,7 +90,8 @@ def test_image_is_multi_stage_and_builds_like_ci(dockerfile):
         rt = s[runtime]
         assert rt[0] == ("FROM", "${DEBIAN_SLIM_IMAGE}"), "the runtime base is a build argument"
         runtime_runs = runs(rt)
-        assert "install-deps.sh --runtime" in runtime_runs
+        image = binary.removeprefix("longhaul-")
+        assert f"install-deps.sh --runtime {image}" in runtime_runs
         for forbidden in ("build-essential", "cmake", "-dev ", "nvcc"):
             assert forbidden not in runtime_runs, f"{runtime} installs {forbidden}"
         # Exec form: PID 1 is the binary itself, which handles SIGTERM.
