@@ -61,7 +61,7 @@ engine=${LONGHAUL_IMAGE_ENGINE:-}
 if_changed=0
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2; }
-die() { echo "build-images: $*" >&2; exit "${2:-1}"; }
+die() { echo "build-images: $1" >&2; exit "${2:-1}"; }  # die MESSAGE [EXIT_CODE]
 
 while (($#)); do
   case "$1" in
@@ -153,6 +153,7 @@ if ((local_base)); then
       # Like the debian:12-slim image: minbase, merged /usr without the usrmerge package (which
       # pulls in perl: +46 MB), no manual pages, docs or translations, Debian's archive with
       # updates and security updates.
+      # shellcheck disable=SC2016  # $1 is the hook's argument (the new root), for mmdebstrap
       mmdebstrap --variant=minbase --format=tar --skip=output/dev \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --aptopt='Acquire::Languages "none"' \
@@ -174,7 +175,8 @@ fi
 
 # ---- the build context ----
 if [[ -n "$prebuilt" ]]; then
-  prebuilt=$(cd "$prebuilt" && pwd) || die "--prebuilt $prebuilt: no such build folder" 2
+  [[ -d "$prebuilt" ]] || die "--prebuilt $prebuilt: no such build folder" 2
+  prebuilt=$(cd "$prebuilt" && pwd)
   out=${out:-$prebuilt/images}
   # A small context of its own: the dependency script and the binaries, stripped of debug
   # information like the build stages' `install -s`.
@@ -182,7 +184,8 @@ if [[ -n "$prebuilt" ]]; then
   mkdir -p "$context/scripts" "$context/prebuilt"
   cp -p scripts/install-deps.sh "$context/scripts/install-deps.sh"
   pack() {  # pack BINARY: strip into the context unless the copy there is already up to date
-    local src=$1 dst="$context/prebuilt/$(basename "$1")"
+    local src=$1 dst
+    dst="$context/prebuilt/$(basename "$1")"
     [[ -x "$src" ]] || die "--prebuilt: $src is missing; build it first (cmake --build $prebuilt --target $(basename "$1"))" 2
     if [[ ! -f "$dst" || "$src" -nt "$dst" ]]; then strip -o "$dst.tmp" "$src" && touch -r "$src" "$dst.tmp" && mv "$dst.tmp" "$dst"; fi
   }
