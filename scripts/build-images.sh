@@ -37,6 +37,10 @@
 # The archive's index names the image with its full name (org.opencontainers.image.ref.name),
 # so `ctr -n k8s.io images import OUT/longhaul-worker-cpu.oci.tar` registers it as
 # localhost/longhaul-worker:<version>-cpu; pods use it with imagePullPolicy: Never.
+# In ctest, images_test (tests/images) runs `--local-base --worker cpu --prebuilt <CPU-only
+# build>` with OUT = <build>/images (CMake: LONGHAUL_IMAGES_DIR) and is the fixture
+# longhaul-images: a suite that runs the images declares FIXTURES_REQUIRED longhaul-images and
+# imports ${LONGHAUL_IMAGES_DIR}/longhaul-worker-cpu.oci.tar and longhaul-operator.oci.tar.
 #
 # Idempotent and cached: the base is made once (its tarball and image are reused), the engine's
 # layer cache skips unchanged steps, and an archive is rewritten only when its image changed
