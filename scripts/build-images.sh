@@ -23,9 +23,9 @@
 #   --out DIR         where the archives go (default: BUILD_DIR/images with --prebuilt, else
 #                     build/images)
 #   --engine E        podman (default when installed) or docker (when its daemon answers)
-#   --if-changed      CI: build only when docker/ or scripts/install-deps.sh changed since the
-#                     last successful build on this machine (a stamp keyed by their hash under
-#                     the cache folder); otherwise say so and exit 0
+#   --if-changed      CI: build only when docker/ (less *.md), scripts/install-deps.sh or this
+#                     script changed since the last successful build on this machine (a stamp
+#                     keyed by their hash under the cache folder); otherwise say so and exit 0
 #
 # What it produces (the real-node harness consumes exactly these; keep them stable):
 #   OUT/longhaul-worker-cpu.oci.tar    image localhost/longhaul-worker:<version>-cpu
@@ -94,9 +94,9 @@ cache=$cache/images
 mkdir -p "$cache"
 
 # ---- the stamp for --if-changed: what the full build depends on beyond the sources CI builds ----
-inputs_hash() {
-  (cd "$repo" && find docker scripts/install-deps.sh -type f -print0 | LC_ALL=C sort -z |
-     xargs -0 sha256sum) | sha256sum | cut -c1-16
+inputs_hash() {  # docker/ less its documentation, the dependency script and this script
+  (cd "$repo" && find docker scripts/install-deps.sh scripts/build-images.sh -type f ! -name '*.md' \
+     -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
 }
 stamp=""
 if ((if_changed)); then
@@ -209,11 +209,15 @@ out=$(cd "$out" && pwd)
 # ---- build, then save each image whose ID changed ----
 : > "$out/images.tsv.tmp"
 build_one() {  # build_one DOCKERFILE TARGET IMAGE ARCHIVE
-  local dockerfile=$1 target=$2 image=$3 archive=$out/$4 started id
+  local dockerfile=$1 target=$2 image=$3 archive=$out/$4 started id hint
   started=$(date +%s)
   echo "build-images: $image (docker/$dockerfile, target $target, $engine)"
   "$engine" build "${build_flags[@]}" "${base_args[@]}" -f "docker/$dockerfile" \
-    --target "$target" -t "$image" "$context" || die "building $image failed (docker/$dockerfile, target $target)"
+    --target "$target" -t "$image" "$context" || {
+    hint=""
+    if ((!local_base)); then hint="; if debian:12 could not be pulled, --local-base makes the base without a registry"; fi
+    die "building $image failed (docker/$dockerfile, target $target)$hint"
+  }
   id=$(image_id "$image")
   if [[ ! -s "$archive" || "$(cat "$archive.id" 2>/dev/null)" != "$id" ]]; then
     rm -f "$archive" "$archive.id"
