@@ -9,6 +9,7 @@ registry is needed). Then, with `podman run`:
     g++, c++, clang, nvcc) and, in the CPU worker, no CUDA library anywhere;
   - `ldd` finds every library of both binaries;
   - `longhaul-worker doctor` passes and `longhaul-operator --version` names the version;
+  - a training container with a read-only root filesystem reaches max_steps and exits 0;
   - the worker's PID 1 is longhaul-worker itself, and a SIGTERM to the container's PID 1 (what
     the kubelet sends on preemption) makes a training worker commit its final checkpoint, named
     by the logdir's `checkpoint` file, and exit 143 ("stopped by SIGTERM after the final
@@ -112,7 +113,32 @@ def check_cpu_worker(c: Checks, image: str) -> None:
     c.expect(doctor.returncode == 0 and "All checks passed" in doctor.stdout,
              f"{image}: `longhaul-worker doctor` passes",
              f"exit {doctor.returncode}: {(doctor.stdout + doctor.stderr)[-800:]}")
+    check_training_finishes(c, image)
     check_sigterm(c, image)
+
+
+def latest_checkpoint_step(logdir: str) -> int:
+    """The step of the checkpoint the logdir's `checkpoint` state file names, when its
+    safetensors file exists; -1 otherwise."""
+    state = pathlib.Path(logdir, "checkpoint")
+    m = re.search(r'^model_checkpoint_path: "(model\.ckpt-(\d+))"',
+                  state.read_text() if state.exists() else "", re.M)
+    if not m or not pathlib.Path(logdir, m.group(1) + ".safetensors").is_file():
+        return -1
+    return int(m.group(2))
+
+
+def check_training_finishes(c: Checks, image: str) -> None:
+    """A job that reaches max_steps exits 0 with its last step committed."""
+    with tempfile.TemporaryDirectory(prefix="longhaul-images-logdir-") as logdir:
+        os.chown(logdir, UID, UID)
+        run = podman("run", "--rm", "--network", "none", "--read-only", "-v", f"{logdir}:/logdir",
+                     image, "train", "--logdir", "/logdir", "--set", "training.max_steps=20")
+        step = latest_checkpoint_step(logdir)
+        c.expect(run.returncode == 0 and step == 20,
+                 f"{image}: a 20-step training run exits 0 with model.ckpt-20 committed",
+                 f"exit {run.returncode}, latest checkpoint step {step}: "
+                 f"{(run.stdout + run.stderr)[-800:]}")
 
 
 def check_sigterm(c: Checks, image: str) -> None:
@@ -121,7 +147,8 @@ def check_sigterm(c: Checks, image: str) -> None:
     with tempfile.TemporaryDirectory(prefix="longhaul-images-logdir-") as logdir:
         os.chown(logdir, UID, UID)
         podman("rm", "-f", name)
-        started = podman("run", "-d", "--name", name, "--network", "none",
+        # A read-only root, as a hardened pod runs it: the worker writes only to its logdir.
+        started = podman("run", "-d", "--name", name, "--network", "none", "--read-only",
                          "-v", f"{logdir}:/logdir", image,
                          "train", "--logdir", "/logdir", "--set", "training.max_steps=1000000")
         if not c.expect(started.returncode == 0, f"{image}: a training container starts",
@@ -145,13 +172,9 @@ def check_sigterm(c: Checks, image: str) -> None:
             logs = podman("logs", name)
             c.expect(exit_code == 143, f"{image}: SIGTERM to PID 1 exits 143 (final checkpoint)",
                      f"exit {exit_code}: {(logs.stdout + logs.stderr)[-800:]}")
-            state = pathlib.Path(logdir, "checkpoint")
-            m = re.search(r'^model_checkpoint_path: "(model\.ckpt-(\d+))"',
-                          state.read_text() if state.exists() else "", re.M)
-            committed = bool(m) and pathlib.Path(logdir, m.group(1) + ".safetensors").is_file()
-            c.expect(committed and int(m.group(2)) > 0,
-                     f"{image}: the final checkpoint is committed in the logdir",
-                     f"checkpoint file: {state.read_text() if state.exists() else 'missing'}")
+            step = latest_checkpoint_step(logdir)
+            c.expect(step > 0, f"{image}: the final checkpoint is committed in the logdir",
+                     f"latest valid checkpoint step: {step}")
             said = "final checkpoint committed" in logs.stdout + logs.stderr
             c.expect(said, f"{image}: the worker logs that it stopped after the final checkpoint")
         finally:
