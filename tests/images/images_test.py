@@ -16,7 +16,8 @@ registry is needed). Then, with `podman run`:
     checkpoint was committed", worker/cli/exit_codes.h);
   - the image sizes, printed as a table; the CPU worker image must stay within its budget.
 
-  images_test.py --prebuilt BUILD_DIR --out DIR [--budget-mib 200]
+  images_test.py --prebuilt BUILD_DIR --out DIR [--budget-mib 200]     (ctest: the fast path)
+  images_test.py --from-source [--if-changed] --out DIR                (.ci/run: every stage)
 
 Exit 0 when every check passed, 1 with the failed checks named, 77 (skipped) when not root or
 podman/mmdebstrap is missing. Only the Python standard library is used.
@@ -192,7 +193,12 @@ def check_operator(c: Checks, image: str, expected_version: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prebuilt", required=True, help="the build folder whose binaries to pack")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prebuilt", help="the build folder whose binaries to pack (fast path)")
+    source.add_argument("--from-source", action="store_true",
+                        help="build every stage from the source tree instead (.ci/run)")
+    parser.add_argument("--if-changed", action="store_true",
+                        help="with --from-source: only when the images' inputs changed")
     parser.add_argument("--out", required=True, help="where the OCI archives go")
     parser.add_argument("--budget-mib", type=float, default=200.0,
                         help="the CPU worker image's size budget (uncompressed, MiB)")
@@ -207,11 +213,23 @@ def main() -> int:
             print(f"SKIPPED: {tool} is not installed; scripts/install-deps.sh installs it")
             return 77
 
-    build = subprocess.run([str(REPO / "scripts" / "build-images.sh"), "--local-base",
-                            "--worker", "cpu", "--prebuilt", args.prebuilt, "--out", args.out])
+    command = [str(REPO / "scripts" / "build-images.sh"), "--local-base", "--worker", "cpu",
+               "--out", args.out]
+    command += ["--prebuilt", args.prebuilt] if args.prebuilt else []
+    command += ["--if-changed"] if args.if_changed else []
+    # The build's output is passed through as it comes; its last line tells a skipped build.
+    last_line = ""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as build:
+        for line in build.stdout:
+            print(line, end="", flush=True)
+            last_line = line.strip() or last_line
     if build.returncode != 0:
         print(f"FAIL  scripts/build-images.sh exited {build.returncode}")
         return 1
+    if args.if_changed and last_line.endswith("; skipped"):
+        print("OK: the images' inputs are unchanged since their last full build; nothing to check")
+        return 0
     # Use the containers.conf the script used (runc, limits without CAP_SYS_RESOURCE).
     if "CONTAINERS_CONF" not in os.environ:
         for cache in (os.environ.get("LONGHAUL_CACHE_DIR"), "/var/cache/longhaul"):
