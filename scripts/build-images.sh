@@ -33,7 +33,8 @@
 #   OUT/longhaul-operator.oci.tar      image localhost/longhaul-operator:<version>
 #   OUT/images.tsv                     one line per image built: name, archive, size in bytes
 # <version> is the project(VERSION) of CMakeLists.txt (0.1.0). The images also stay in the
-# engine's own store under those names (`podman run localhost/longhaul-worker:0.1.0-cpu ...`).
+# engine's own store under those names (`podman run localhost/longhaul-worker:0.1.0-cpu ...`);
+# the fast path and the full build use the same names, so the one that ran last holds them.
 # The archive's index names the image with its full name (org.opencontainers.image.ref.name),
 # so `ctr -n k8s.io images import OUT/longhaul-worker-cpu.oci.tar` registers it as
 # localhost/longhaul-worker:<version>-cpu; pods use it with imagePullPolicy: Never.
@@ -102,7 +103,9 @@ stamp=""
 if ((if_changed)); then
   stamp="$cache/full-build-${worker}-$(inputs_hash).ok"
   if [[ -f "$stamp" ]]; then
-    echo "build-images: docker/ and scripts/install-deps.sh unchanged since the full build of $(cat "$stamp"); skipped"
+    # images_test.py --if-changed reads the "; skipped" at the end of this line.
+    echo "build-images: docker/, scripts/install-deps.sh and scripts/build-images.sh" \
+      "unchanged since the full build of $(cat "$stamp"); skipped"
     exit 0
   fi
 fi
@@ -152,7 +155,8 @@ if ((local_base)); then
   if ((refresh_base)); then rm -f "$base_tar"; fi
   if ((refresh_base)) || [[ -z "$(image_id "$base")" ]]; then
     if [[ ! -s "$base_tar" ]]; then
-      command -v mmdebstrap >/dev/null || die "--local-base needs mmdebstrap (scripts/install-deps.sh installs it)" 2
+      command -v mmdebstrap >/dev/null ||
+        die "--local-base needs mmdebstrap (scripts/install-deps.sh installs it)" 2
       echo "build-images: making the Debian 12 base with mmdebstrap (once; kept in $base_tar)"
       # Like the debian:12-slim image: minbase, merged /usr without the usrmerge package (which
       # pulls in perl: +46 MB), no manual pages, docs or translations, Debian's archive with
@@ -190,8 +194,11 @@ if [[ -n "$prebuilt" ]]; then
   pack() {  # pack BINARY: strip into the context unless the copy there is already up to date
     local src=$1 dst
     dst="$context/prebuilt/$(basename "$1")"
-    [[ -x "$src" ]] || die "--prebuilt: $src is missing; build it first (cmake --build $prebuilt --target $(basename "$1"))" 2
-    if [[ ! -f "$dst" || "$src" -nt "$dst" ]]; then strip -o "$dst.tmp" "$src" && touch -r "$src" "$dst.tmp" && mv "$dst.tmp" "$dst"; fi
+    [[ -x "$src" ]] ||
+      die "--prebuilt: $src is missing; build it first (cmake --build $prebuilt --target $(basename "$1"))" 2
+    if [[ ! -f "$dst" || "$src" -nt "$dst" ]]; then
+      strip -o "$dst.tmp" "$src" && touch -r "$src" "$dst.tmp" && mv "$dst.tmp" "$dst"
+    fi
   }
   if [[ "$worker" != none ]]; then pack "$prebuilt/worker/cli/longhaul-worker"; fi
   if ((operator)); then pack "$prebuilt/operator/cli/longhaul-operator"; fi
@@ -215,7 +222,9 @@ build_one() {  # build_one DOCKERFILE TARGET IMAGE ARCHIVE
   "$engine" build "${build_flags[@]}" "${base_args[@]}" -f "docker/$dockerfile" \
     --target "$target" -t "$image" "$context" || {
     hint=""
-    if ((!local_base)); then hint="; if debian:12 could not be pulled, --local-base makes the base without a registry"; fi
+    if ((!local_base)); then
+      hint="; if debian:12 could not be pulled, --local-base makes the base without a registry"
+    fi
     die "building $image failed (docker/$dockerfile, target $target)$hint"
   }
   id=$(image_id "$image")
