@@ -159,8 +159,8 @@ if ((local_base)); then
         die "--local-base needs mmdebstrap (scripts/install-deps.sh installs it)" 2
       echo "build-images: making the Debian 12 base with mmdebstrap (once; kept in $base_tar)"
       # Like the debian:12-slim image: minbase, merged /usr without the usrmerge package (which
-      # pulls in perl: +46 MB), no manual pages, docs or translations, Debian's archive with
-      # updates and security updates.
+      # pulls in perl: +46 MB), no manual pages, docs or translations; with no mirror named,
+      # mmdebstrap takes Debian's archive and, for a stable suite, its updates and security updates.
       # shellcheck disable=SC2016  # $1 is the hook's argument (the new root), for mmdebstrap
       mmdebstrap --variant=minbase --format=tar --skip=output/dev \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
@@ -169,10 +169,7 @@ if ((local_base)); then
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
-        bookworm "$base_tar.tmp" \
-        "deb http://deb.debian.org/debian bookworm main" \
-        "deb http://deb.debian.org/debian bookworm-updates main" \
-        "deb http://deb.debian.org/debian-security bookworm-security main"
+        bookworm "$base_tar.tmp"
       mv "$base_tar.tmp" "$base_tar"
     fi
     "$engine" import --change 'CMD ["/bin/bash"]' "$base_tar" "$base" >/dev/null
