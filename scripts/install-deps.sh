@@ -31,7 +31,7 @@ test_packages=(
 # each binary's own (tests/chart/runtime_deps_test.py checks them against ldd).
 runtime_packages=(libyaml-cpp0.7 libprometheus-cpp-core1.0 zlib1g ca-certificates)
 worker_runtime_packages=(libopenblas0-pthread libgloo0 libprotobuf32)
-operator_runtime_packages=(libcpprest2.10 libprometheus-cpp-pull1.0 libssl3)
+operator_runtime_packages=(libcpprest2.10 libssl3)
 
 case "${1:-}" in
   "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;

@@ -1,9 +1,9 @@
 // The operator's Prometheus metrics, built once at start-up on one registry, with labelled
 // children cached. Served on --metrics-port at /metrics by longhaul::http::Server (base/), which
 // connections held open by other pods cannot starve (civetweb, under prometheus-cpp's Exposer,
-// served two connections at a time, each allowed to sit idle for 30 s). The chart's
-// Grafana dashboard (charts/longhaul/dashboards/longhaul-operator.json) and README's alert rules
-// use these names.
+// served two connections at a time, each allowed to sit idle for 30 s). The chart's Grafana
+// dashboard (charts/longhaul/dashboards/longhaul-operator.json) and its PrometheusRule
+// (charts/longhaul/templates/prometheusrule.yaml) use these names.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
