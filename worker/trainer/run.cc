@@ -193,10 +193,10 @@ RunData open_run_data(const WorkerConfig& config, const RunOptions& options) {
 
 // The model on the device the config asks for, with the plan that chose it. A device that cannot
 // run it (cuda without a usable GPU, activations that do not fit, ...) is a config error.
-ModelOnDevice make_run_model(const WorkerConfig& config, const model::GPT2Config& model_config,
-                             int world_size) {
+selfcheck::ModelOnDevice make_run_model(const WorkerConfig& config,
+                                        const model::GPT2Config& model_config, int world_size) {
   try {
-    return make_model_on_device(config, model_config, world_size);
+    return selfcheck::make_model_on_device(model_config, device_options(config, world_size));
   } catch (const Error& e) {
     throw InvalidArgument(
         (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
@@ -544,7 +544,7 @@ RunResult run_training(const RunOptions& options) {
   if (stopped_during_start_up("opening the data")) return result;
 
   // 3. Model and trainer.
-  ModelOnDevice made = make_run_model(config, model_config, options.world_size);
+  selfcheck::ModelOnDevice made = make_run_model(config, model_config, options.world_size);
   if (options.on_model) options.on_model(*made.model);
   if (options.on_device_plan) options.on_device_plan(made.plan);
   const selfcheck::DevicePlan plan = std::move(made.plan);
