@@ -1,11 +1,14 @@
 #include "longhaul/base/log.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 
 #include <unistd.h>
+
+#include "longhaul/base/strings.h"
 
 namespace longhaul::log {
 namespace {
@@ -47,35 +50,7 @@ const char* level_name(Level level) {
 }
 
 void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
+  append_quoted(out, s, ControlEscape::kJsonUnicode);
 }
 
 std::string timestamp() {

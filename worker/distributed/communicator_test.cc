@@ -419,6 +419,8 @@ class FakeDeviceModel : public model::LanguageModel {
   explicit FakeDeviceModel(size_t n) : grads_(n) {}
   const model::GPT2Config& config() const override { return config_; }
   std::string_view device_name() const override { return "fake-device"; }
+  model::MemorySpace memory_space() const override { return model::MemorySpace::kDevice; }
+  std::string numerical_environment() const override { return "fake-device"; }
   int64_t num_parameters() const override { return static_cast<int64_t>(grads_.size()); }
   int max_batch_size() const override { return 1; }
   int max_seq_len() const override { return 1; }

@@ -151,7 +151,7 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
 }
 
 bool DataParallel::overlaps(const model::LanguageModel& model) const {
-  return options_.overlap_allreduce && model.device_name() == "cpu" &&
+  return options_.overlap_allreduce && model.memory_space() == model::MemorySpace::kHost &&
          model.reports_gradients_per_layer();
 }
 
@@ -373,7 +373,7 @@ void DataParallel::allreduce_whole(model::LanguageModel& model) {
   quiesce();
   const auto start = std::chrono::steady_clock::now();
   std::span<float> grads = model.gradients_flat();
-  if (model.device_name() == "cpu") {
+  if (model.memory_space() == model::MemorySpace::kHost) {
     group().allreduce_sum(grads);
     const float scale = 1.0f / static_cast<float>(world_size());
     for (float& g : grads) g *= scale;

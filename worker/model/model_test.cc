@@ -83,6 +83,9 @@ TEST(GPT2Config, ValidationNamesTheBadField) {
 TEST(CpuGPT2, NamedParametersFollowHuggingFaceNamesAndTileTheFlatBuffer) {
   auto model = make_cpu_gpt2(micro_config(), 2, 8);
   EXPECT_EQ(model->device_name(), "cpu");
+  EXPECT_EQ(model->memory_space(), MemorySpace::kHost);
+  EXPECT_EQ(model->numerical_environment().rfind("cpu: ", 0), 0u) << model->numerical_environment();
+  EXPECT_NE(model->numerical_environment().find(" threads"), std::string::npos);
   EXPECT_EQ(model->num_parameters(), micro_config().num_parameters());
   const auto params = model->named_parameters();
   ASSERT_EQ(params.size(), 2u + 2 * 12 + 2);

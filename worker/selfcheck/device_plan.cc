@@ -299,6 +299,21 @@ DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& optio
     plan.why_cpu = "no usable GPU: " + why;
     return plan;
   }
+  if (options.batch_size > 0 && options.seq_len > 0) {
+    try {
+      if (options.device_fits) {
+        options.device_fits(config, options.batch_size, options.seq_len);
+      } else {
+        backend_cuda::cuda_gpt2_memory_bytes(config, options.batch_size, options.seq_len);
+      }
+    } catch (const Error& e) {
+      if (required) throw;
+      plan.device = "cpu";
+      plan.self_check = "n/a";
+      plan.why_cpu = e.what();
+      return plan;
+    }
+  }
   plan.cuda.device = options.device_ordinal;
   if (!options.self_check) {
     // The preferred kernels, as kAuto would pick them, so the labels say which.
@@ -316,6 +331,55 @@ DevicePlan plan_device(const model::GPT2Config& config, const PlanOptions& optio
       kernels_ok && check_model_with_fallback(config, options, report, plan);
   plan.report = std::move(report);
   return conclude(std::move(plan), options, conservative_used);
+}
+
+namespace {
+
+constexpr const char* kNoGpu =
+    "device auto: no usable GPU, training on CPU (device: cpu silences this, device: cuda makes "
+    "it an error)";
+constexpr const char* kFailedSelfCheck =
+    "device auto: the GPU failed the start-up self-check, training on CPU (device: cpu silences "
+    "this, device: cuda makes it an error; `longhaul-worker doctor` shows the full report)";
+
+}  // namespace
+
+ModelOnDevice make_model_on_device(const model::GPT2Config& config, const PlanOptions& options) {
+  const int B = options.batch_size, T = options.seq_len;
+  if (B < 1 || T < 1) {
+    throw InvalidArgument(
+        "make_model_on_device needs the micro-batch the model is built for "
+        "(PlanOptions batch_size and seq_len), got " +
+        std::to_string(B) + " x " + std::to_string(T));
+  }
+  ModelOnDevice out;
+  out.plan = plan_device(config, options);
+  if (out.plan.device != "cpu") {
+    const ModelFactory make = options.device_model ? options.device_model : cuda_factory();
+    try {
+      out.model = make(config, B, T, out.plan.cuda);
+      LH_LOG(INFO) << "training on the GPU" << kv("plan", out.plan.summary());
+      return out;
+    } catch (const Error& e) {
+      // Rule 7: out of memory, a broken context, ...
+      if (options.device == "cuda") throw;
+      if (!options.allow_cpu_fallback) {
+        throw FailedPrecondition(std::string("this replica's GPU failed at start (") + e.what() +
+                                 "); the other replicas train on theirs, and a data-parallel "
+                                 "group cannot mix CPU and GPU replicas");
+      }
+      // The self-check's verdict and report stay: they are what the GPU did before it failed.
+      out.plan.device = "cpu";
+      out.plan.cuda = CudaOptions{};
+      out.plan.why_cpu = e.what();
+    }
+  }
+  if (!out.plan.why_cpu.empty()) {
+    LH_LOG(WARNING) << (out.plan.self_check == "failed" ? kFailedSelfCheck : kNoGpu)
+                    << kv("why", out.plan.why_cpu);
+  }
+  out.model = model::make_cpu_gpt2(config, B, T);
+  return out;
 }
 
 }  // namespace longhaul::selfcheck

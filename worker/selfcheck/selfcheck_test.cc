@@ -345,5 +345,133 @@ TEST(DevicePlanTest, AWrongModelStepIsCaughtAfterEveryKernelPassed) {
   EXPECT_TRUE(contains(plan.why_cpu, "with cuBLAS attention and separate kernels")) << plan.why_cpu;
 }
 
+// make_model_on_device: the device decided once, with the model created on it. A small model at
+// a small micro-batch; the "device" model is the CPU model, counted.
+model::GPT2Config small_model() {
+  model::GPT2Config c = model::GPT2Config::preset("tiny");
+  c.n_layer = 1;
+  return c;
+}
+
+struct FakeDevice {
+  Registry registry = fake_device();
+  int models_started = 0;  // device models of the run's micro-batch (the step check's are B=2)
+  std::function<void()> fail_at_start;  // throws: the device model fails to start
+
+  PlanOptions options(const std::string& device) {
+    PlanOptions o = fake_plan(device, &registry);
+    o.batch_size = 4;
+    o.seq_len = 16;
+    o.device_fits = [](const model::GPT2Config&, int, int) {};
+    o.device_model = [this](const model::GPT2Config& c, int B, int T,
+                            const backend_cuda::CudaOptions&) {
+      if (B == 4 && T == 16) {
+        ++models_started;
+        if (fail_at_start) fail_at_start();
+      }
+      return model::make_cpu_gpt2(c, B, T);
+    };
+    return o;
+  }
+};
+
+TEST(MakeModelOnDeviceTest, AHealthyDeviceGetsTheModelWithThePlan) {
+  FakeDevice device;
+  const ModelOnDevice made = make_model_on_device(small_model(), device.options("auto"));
+  EXPECT_EQ(made.plan.device, "cuda");
+  EXPECT_EQ(made.plan.self_check, "passed");
+  EXPECT_EQ(device.models_started, 1);
+  ASSERT_NE(made.model, nullptr);
+  EXPECT_EQ(made.model->max_batch_size(), 4);
+  EXPECT_EQ(made.model->max_seq_len(), 16);
+}
+
+TEST(MakeModelOnDeviceTest, DeviceCpuAndNoDeviceTrainOnTheCpu) {
+  FakeDevice device;
+  const ModelOnDevice cpu = make_model_on_device(small_model(), device.options("cpu"));
+  EXPECT_EQ(cpu.plan.device, "cpu");
+  EXPECT_EQ(cpu.plan.why_cpu, "");
+  EXPECT_EQ(cpu.model->device_name(), "cpu");
+  EXPECT_EQ(cpu.model->memory_space(), model::MemorySpace::kHost);
+
+  PlanOptions none = device.options("auto");
+  none.device_available = [](std::string* why) {
+    *why = "no CUDA device";
+    return false;
+  };
+  const ModelOnDevice fallback = make_model_on_device(small_model(), none);
+  EXPECT_EQ(fallback.plan.device, "cpu");
+  EXPECT_EQ(fallback.plan.why_cpu, "no usable GPU: no CUDA device");
+  EXPECT_EQ(device.models_started, 0);
+  none.device = "cuda";
+  EXPECT_THROW(make_model_on_device(small_model(), none), Unavailable);
+}
+
+// Rule 3: decided on the host before any GPU work, the same on every replica, so a replica of a
+// group falls back too; device: cuda gets the device's error.
+TEST(MakeModelOnDeviceTest, AModelTheDeviceCannotTakeIsTheCpuUnderAutoEvenInAGroup) {
+  FakeDevice device;
+  PlanOptions o = device.options("auto");
+  o.allow_cpu_fallback = false;
+  o.device_fits = [](const model::GPT2Config& c, int, int) {
+    throw InvalidArgument("n_embd " + std::to_string(c.n_embd) + " is not a multiple of 8");
+  };
+  const ModelOnDevice made = make_model_on_device(small_model(), o);
+  EXPECT_EQ(made.plan.device, "cpu");
+  EXPECT_EQ(made.plan.self_check, "n/a");
+  EXPECT_EQ(made.plan.why_cpu, "n_embd 128 is not a multiple of 8");
+  EXPECT_FALSE(made.plan.report.has_value()) << "the self-check ran for a model it cannot take";
+  EXPECT_EQ(device.models_started, 0);
+  o.device = "cuda";
+  EXPECT_THROW(make_model_on_device(small_model(), o), InvalidArgument);
+}
+
+// Rule 7: out of memory, a broken context, ... after the plan chose the device.
+TEST(MakeModelOnDeviceTest, ADeviceModelThatFailsAtStartIsTheCpuAloneAndAnErrorInAGroup) {
+  FakeDevice device;
+  device.fail_at_start = [] { throw Internal("out of memory (test)"); };
+  const ModelOnDevice alone = make_model_on_device(small_model(), device.options("auto"));
+  EXPECT_EQ(alone.plan.device, "cpu");
+  EXPECT_EQ(alone.plan.why_cpu, "out of memory (test)");
+  EXPECT_EQ(alone.plan.self_check, "passed") << "what the self-check found is kept";
+  EXPECT_EQ(alone.plan.labels().at("attention"), "cpu");
+  EXPECT_TRUE(contains(alone.plan.summary(), "on the CPU because: out of memory (test)"))
+      << alone.plan.summary();
+  EXPECT_EQ(alone.model->device_name(), "cpu");
+
+  PlanOptions replica = device.options("auto");
+  replica.allow_cpu_fallback = false;
+  try {
+    make_model_on_device(small_model(), replica);
+    FAIL() << "a replica fell back to the CPU alone";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_TRUE(contains(e.what(), "this replica's GPU failed at start (out of memory (test))"))
+        << e.what();
+    EXPECT_TRUE(contains(e.what(), "cannot mix CPU and GPU replicas")) << e.what();
+  }
+  EXPECT_THROW(make_model_on_device(small_model(), device.options("cuda")), Internal);
+}
+
+TEST(MakeModelOnDeviceTest, AGpuThatFailsTheSelfCheckTrainsOnTheCpuUnderAuto) {
+  FakeDevice device;
+  device.registry = fake_device([](Implementation& impl) {
+    if (impl.family == Family::kGelu) impl = sabotaged(impl, "out");
+  });
+  const ModelOnDevice made = make_model_on_device(small_model(), device.options("auto"));
+  EXPECT_EQ(made.plan.device, "cpu");
+  EXPECT_EQ(made.plan.self_check, "failed");
+  EXPECT_TRUE(contains(made.plan.why_cpu, "the GPU failed the start-up self-check: gelu"))
+      << made.plan.why_cpu;
+  EXPECT_EQ(device.models_started, 0);
+  EXPECT_THROW(make_model_on_device(small_model(), device.options("cuda")), FailedPrecondition);
+}
+
+TEST(MakeModelOnDeviceTest, NeedsTheMicroBatch) {
+  FakeDevice device;
+  PlanOptions o = device.options("cpu");
+  o.batch_size = 0;
+  EXPECT_THROW(make_model_on_device(small_model(), o), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace longhaul::selfcheck

@@ -1,3 +1,4 @@
+// CheckpointManager: commit, retention and the latest valid checkpoint. See checkpoint_manager.h.
 #include "longhaul/supervisor/checkpoint_manager.h"
 
 #include <algorithm>
@@ -30,6 +31,31 @@ std::filesystem::path normal_dir(const std::filesystem::path& p) {
   if (ec) c = std::filesystem::absolute(p, ec).lexically_normal();
   if (!c.empty() && !c.has_filename()) c = c.parent_path();  // "a/b/" -> "a/b"
   return c;
+}
+
+// The state file, or nullopt when it is missing or garbled; a garbled one is logged with what
+// the caller does instead.
+std::optional<CheckpointState> read_state_or_warn(const std::filesystem::path& logdir,
+                                                  std::string_view instead) {
+  try {
+    return read_checkpoint_state(logdir);
+  } catch (const DataLoss& e) {
+    LH_LOG(WARNING) << "checkpoint state file is garbled; " << instead << kv("error", e.what());
+    return std::nullopt;
+  }
+}
+
+// The state file's contents for a list of checkpoints (oldest first): the last one is the latest.
+CheckpointState state_of(const std::vector<CheckpointEntry>& entries,
+                         double last_preserved_timestamp) {
+  CheckpointState state;
+  for (const auto& e : entries) {
+    state.all_model_checkpoint_paths.push_back(checkpoint_prefix_for(e.file));
+    state.all_model_checkpoint_timestamps.push_back(e.timestamp);
+  }
+  if (!entries.empty()) state.model_checkpoint_path = checkpoint_prefix_for(entries.back().file);
+  state.last_preserved_timestamp = last_preserved_timestamp;
+  return state;
 }
 
 }  // namespace
@@ -107,17 +133,11 @@ std::vector<CheckpointEntry> CheckpointManager::scan_directory() const {
 }
 
 void CheckpointManager::load_state() {
-  std::optional<CheckpointState> state;
-  try {
-    state = read_checkpoint_state(options_.logdir);
-  } catch (const DataLoss& e) {
-    LH_LOG(WARNING) << "checkpoint state file is garbled; rebuilding it from a directory scan"
-                    << kv("error", e.what());
-  }
+  const std::optional<CheckpointState> state =
+      read_state_or_warn(options_.logdir, "rebuilding it from a directory scan");
   std::lock_guard lock(mu_);
   entries_.clear();
   if (state) {
-    state_usable_ = true;
     last_preserved_timestamp_ = state->last_preserved_timestamp;
     for (size_t i = 0; i < state->all_model_checkpoint_paths.size(); ++i) {
       const auto& prefix = state->all_model_checkpoint_paths[i];
@@ -151,7 +171,6 @@ void CheckpointManager::load_state() {
   }
   // No usable state file: list what is on disk. Only the newest max_to_keep join the rotation;
   // older files are left alone (they may be preserved checkpoints we can no longer tell apart).
-  state_usable_ = false;
   last_preserved_timestamp_ = now_seconds();
   auto found = scan_directory();
   size_t keep = options_.max_to_keep == 0 ? found.size()
@@ -168,39 +187,46 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
   auto path = file_for_step(snapshot.step);
   write_safetensors(path, snapshot);  // committed: fsynced, renamed, directory fsynced
 
-  std::vector<std::filesystem::path> to_delete;
+  // The new list is worked out on a copy and published only once the state file naming it is
+  // committed: readers see the previous list meanwhile, and keep it if the write fails.
+  std::lock_guard saving(save_mu_);
+  std::vector<CheckpointEntry> entries;
+  double last_preserved = 0;
   {
     std::lock_guard lock(mu_);
-    entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
-                                  [&](const auto& e) { return e.file == path; }),
-                   entries_.end());
-    entries_.push_back(CheckpointEntry{path, snapshot.step, wall_time});
-    if (!state_usable_) {
-      state_usable_ = true;
-    }
-    // Retention: TF's CheckpointManager._sweep.
-    if (options_.max_to_keep > 0) {
-      while (entries_.size() > static_cast<size_t>(options_.max_to_keep)) {
-        CheckpointEntry oldest = entries_.front();
-        entries_.erase(entries_.begin());
-        double n_hours = options_.keep_checkpoint_every_n_hours;
-        if (n_hours > 0 && oldest.timestamp - n_hours * 3600.0 >= last_preserved_timestamp_) {
-          last_preserved_timestamp_ = oldest.timestamp;
-          LH_LOG(INFO) << "preserving checkpoint (keep_checkpoint_every_n_hours)"
-                       << kv("file", oldest.file.string());
-          continue;
-        }
-        to_delete.push_back(oldest.file);
+    entries = entries_;
+    last_preserved = last_preserved_timestamp_;
+  }
+  entries.erase(
+      std::remove_if(entries.begin(), entries.end(), [&](const auto& e) { return e.file == path; }),
+      entries.end());
+  entries.push_back(CheckpointEntry{path, snapshot.step, wall_time});
+  // Retention: TF's CheckpointManager._sweep.
+  std::vector<std::filesystem::path> to_delete;
+  if (options_.max_to_keep > 0) {
+    while (entries.size() > static_cast<size_t>(options_.max_to_keep)) {
+      CheckpointEntry oldest = entries.front();
+      entries.erase(entries.begin());
+      double n_hours = options_.keep_checkpoint_every_n_hours;
+      if (n_hours > 0 && oldest.timestamp - n_hours * 3600.0 >= last_preserved) {
+        last_preserved = oldest.timestamp;
+        LH_LOG(INFO) << "preserving checkpoint (keep_checkpoint_every_n_hours)"
+                     << kv("file", oldest.file.string());
+        continue;
       }
+      to_delete.push_back(oldest.file);
     }
-    CheckpointState state;
-    for (const auto& e : entries_) {
-      state.all_model_checkpoint_paths.push_back(checkpoint_prefix_for(e.file));
-      state.all_model_checkpoint_timestamps.push_back(e.timestamp);
-    }
-    state.model_checkpoint_path = checkpoint_prefix_for(path);
-    state.last_preserved_timestamp = last_preserved_timestamp_;
+  }
+  const CheckpointState state = state_of(entries, last_preserved);
+  if (options_.state_writer) {
+    options_.state_writer(options_.logdir, state);
+  } else {
     write_checkpoint_state(options_.logdir, state);
+  }
+  {
+    std::lock_guard lock(mu_);
+    entries_ = std::move(entries);
+    last_preserved_timestamp_ = last_preserved;
   }
   // Delete only after the state file stopped naming them, and only our own files (load_state
   // keeps foreign ones out of the rotation; this is the last line of defence).
@@ -230,27 +256,15 @@ std::vector<CheckpointEntry> CheckpointManager::checkpoints() const {
 
 CheckpointState CheckpointManager::state() const {
   std::lock_guard lock(mu_);
-  CheckpointState state;
-  for (const auto& e : entries_) {
-    state.all_model_checkpoint_paths.push_back(checkpoint_prefix_for(e.file));
-    state.all_model_checkpoint_timestamps.push_back(e.timestamp);
-  }
-  if (!entries_.empty()) state.model_checkpoint_path = checkpoint_prefix_for(entries_.back().file);
-  state.last_preserved_timestamp = last_preserved_timestamp_;
-  return state;
+  return state_of(entries_, last_preserved_timestamp_);
 }
 
 std::unique_ptr<SafetensorsReader> CheckpointManager::latest_valid(
     std::vector<std::filesystem::path>* skipped) const {
   // Re-read the state file: another process (the chief) may have written it since.
   std::vector<std::filesystem::path> candidates;
-  std::optional<CheckpointState> state;
-  try {
-    state = read_checkpoint_state(options_.logdir);
-  } catch (const DataLoss& e) {
-    LH_LOG(WARNING) << "checkpoint state file is garbled; looking for checkpoints by directory scan"
-                    << kv("error", e.what());
-  }
+  const std::optional<CheckpointState> state =
+      read_state_or_warn(options_.logdir, "looking for checkpoints by directory scan");
   std::set<std::filesystem::path> seen;
   auto add = [&](const std::filesystem::path& p) {
     if (seen.insert(p).second) candidates.push_back(p);

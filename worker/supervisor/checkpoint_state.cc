@@ -3,7 +3,6 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <system_error>
 
 #include "longhaul/base/error.h"
@@ -16,36 +15,11 @@ namespace {
 // A state file lists paths and timestamps: even 100,000 checkpoints fit in 16 MiB.
 constexpr uint64_t kMaxStateFileBytes = uint64_t{16} << 20;
 
+// A text-format string literal (C escapes, octal for control bytes), as TensorFlow writes it.
 std::string escape(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\%03o", static_cast<unsigned char>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  std::string out;
+  append_quoted(out, s, ControlEscape::kOctal);
+  return out;
 }
 
 std::string format_double(double v) {

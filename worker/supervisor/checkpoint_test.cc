@@ -2,8 +2,10 @@
 // latest_valid fallback) and AsyncCheckpointer (one write at a time, errors to the coordinator).
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <future>
+#include <mutex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -66,10 +68,12 @@ TEST(CheckpointState, WritesTensorFlowTextFormat) {
 
 TEST(CheckpointState, RoundTripsEscapesAndFullPrecision) {
   CheckpointState st;
-  st.model_checkpoint_path = "odd \"name\"\\x";
+  st.model_checkpoint_path = "odd \"name\"\\x\n\x01";
   st.all_model_checkpoint_paths = {st.model_checkpoint_path};
   st.all_model_checkpoint_timestamps = {1763731200.123456789};
   st.last_preserved_timestamp = 1.5e9;
+  EXPECT_EQ(st.to_text().substr(0, st.to_text().find('\n') + 1),
+            "model_checkpoint_path: \"odd \\\"name\\\"\\\\x\\n\\001\"\n");
   EXPECT_EQ(CheckpointState::parse(st.to_text()), st);
 }
 
@@ -131,6 +135,88 @@ TEST(CheckpointManager, SaveCommitsTheFileThenTheStateFile) {
   SafetensorsReader r(file, {.require_checksums = true});
   EXPECT_EQ(r.global_step(), 1234);
   EXPECT_NO_THROW(r.verify_all());
+}
+
+// A state writer that, once armed, stops inside the write (where the fsyncs are) until released.
+class HeldStateWriter {
+ public:
+  void operator()(const std::filesystem::path& logdir, const CheckpointState& state) {
+    std::unique_lock lock(mu_);
+    if (armed_) {
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
+    }
+    lock.unlock();
+    write_checkpoint_state(logdir, state);
+  }
+  void arm() {
+    std::lock_guard lock(mu_);
+    armed_ = true;
+  }
+  bool wait_entered() {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return entered_; });
+  }
+  void release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false;
+  bool entered_ = false;
+  bool released_ = false;
+};
+
+// Regression: the manager's lock was held across the state file's write and fsync, so latest()
+// (asked by the training thread and by `inspect`) waited on a disk sync.
+TEST(CheckpointManager, LatestAnswersWhileAStateFileWriteIsInItsSync) {
+  TempDir dir;
+  HeldStateWriter writer;
+  CheckpointManagerOptions options{dir.path()};
+  options.state_writer = [&](const std::filesystem::path& logdir, const CheckpointState& state) {
+    writer(logdir, state);
+  };
+  CheckpointManager m(options);
+  const auto first = m.save(snapshot_at(10));
+  writer.arm();
+  std::future<std::filesystem::path> save =
+      std::async(std::launch::async, [&] { return m.save(snapshot_at(20)); });
+  ASSERT_TRUE(writer.wait_entered()) << "the save never reached its state file write";
+  std::future<std::optional<std::filesystem::path>> latest =
+      std::async(std::launch::async, [&] { return m.latest(); });
+  const bool answered = latest.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  writer.release();  // whatever happened, let the save finish so that the futures join
+  ASSERT_TRUE(answered) << "latest() waited for the state file's sync";
+  // Until the state file naming the new checkpoint is committed, the latest is the one the file
+  // still names.
+  EXPECT_EQ(latest.get(), first);
+  const auto second = save.get();
+  EXPECT_EQ(m.latest(), second);
+  EXPECT_EQ(read_checkpoint_state(dir.path())->model_checkpoint_path, "model.ckpt-20");
+  EXPECT_EQ(m.state(), *read_checkpoint_state(dir.path()));
+}
+
+// A failed state file write leaves the manager naming what the state file still names.
+TEST(CheckpointManager, AFailedStateWriteKeepsThePreviousLatest) {
+  TempDir dir;
+  bool fail = false;
+  CheckpointManagerOptions options{dir.path()};
+  options.state_writer = [&](const std::filesystem::path& logdir, const CheckpointState& state) {
+    if (fail) throw Unavailable("disk full (test)");
+    write_checkpoint_state(logdir, state);
+  };
+  CheckpointManager m(options);
+  const auto first = m.save(snapshot_at(1));
+  fail = true;
+  EXPECT_THROW(m.save(snapshot_at(2)), Unavailable);
+  EXPECT_EQ(m.latest(), first);
+  EXPECT_EQ(read_checkpoint_state(dir.path())->model_checkpoint_path, "model.ckpt-1");
+  EXPECT_EQ(m.state(), *read_checkpoint_state(dir.path()));
 }
 
 TEST(CheckpointManager, KeepsOnlyMaxToKeepNewest) {

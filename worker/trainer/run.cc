@@ -14,8 +14,6 @@
 
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
-#include "longhaul/kernels/cpu/platform.h"
-#include "longhaul/model/cuda/device_info.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/signals.h"
@@ -141,25 +139,6 @@ TokenizerSpec data_tokenizer(const WorkerConfig& config, const model::GPT2Config
   return {};
 }
 
-// Where the bits of a step are computed: what bit-identical resume depends on. CPU: the
-// OpenBLAS build and core it selected (OPENBLAS_CORETYPE changes it) and the thread count; GPU:
-// its name and compute capability, the CUDA runtime (and so cuBLAS/cuBLASLt) and the driver.
-std::string numerical_environment(const model::LanguageModel& model) {
-  if (model.device_name() == "cpu") {
-    const auto p = kernels::cpu::cpu_platform();
-    return "cpu: " + p.blas + ", " + std::to_string(p.threads) + " threads";
-  }
-  const auto build = backend_cuda::cuda_build_info();
-  const auto sys = backend_cuda::cuda_system_info();
-  std::string gpu = sys.devices.empty() ? std::string("unknown GPU") : sys.devices[0].name;
-  if (!sys.devices.empty()) {
-    gpu += " (compute " + std::to_string(sys.devices[0].cc_major) + "." +
-           std::to_string(sys.devices[0].cc_minor) + ")";
-  }
-  return "cuda: " + gpu + ", CUDA runtime and cuBLAS " + build.runtime_version + ", driver " +
-         sys.driver_version;
-}
-
 }  // namespace
 
 std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config) {
@@ -214,10 +193,10 @@ RunData open_run_data(const WorkerConfig& config, const RunOptions& options) {
 
 // The model on the device the config asks for, with the plan that chose it. A device that cannot
 // run it (cuda without a usable GPU, activations that do not fit, ...) is a config error.
-ModelOnDevice make_run_model(const WorkerConfig& config, const model::GPT2Config& model_config,
-                             int world_size) {
+selfcheck::ModelOnDevice make_run_model(const WorkerConfig& config,
+                                        const model::GPT2Config& model_config, int world_size) {
   try {
-    return make_model_on_device(config, model_config, world_size);
+    return selfcheck::make_model_on_device(model_config, device_options(config, world_size));
   } catch (const Error& e) {
     throw InvalidArgument(
         (config.source.empty() ? std::string("config") : "config " + config.source.string()) +
@@ -565,7 +544,7 @@ RunResult run_training(const RunOptions& options) {
   if (stopped_during_start_up("opening the data")) return result;
 
   // 3. Model and trainer.
-  ModelOnDevice made = make_run_model(config, model_config, options.world_size);
+  selfcheck::ModelOnDevice made = make_run_model(config, model_config, options.world_size);
   if (options.on_model) options.on_model(*made.model);
   if (options.on_device_plan) options.on_device_plan(made.plan);
   const selfcheck::DevicePlan plan = std::move(made.plan);
@@ -579,7 +558,7 @@ RunResult run_training(const RunOptions& options) {
   if (options.start_reducing_gradients) {
     trainer.set_last_backward_hook(options.start_reducing_gradients);
   }
-  const std::string numerics = numerical_environment(trainer.model());
+  const std::string numerics = trainer.model().numerical_environment();
   trainer.set_checkpoint_metadata("numerics", numerics);
   trainer.set_checkpoint_metadata("device", plan.summary());
   trainer.set_checkpoint_metadata("kernels", kernels_json(plan));

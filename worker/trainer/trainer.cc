@@ -12,8 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/base/log.h"
-#include "longhaul/model/cpu/gpt2_cpu.h"
-#include "longhaul/model/cuda/cuda_backend.h"
 #include "longhaul/trainer/validation.h"
 
 namespace longhaul::trainer {
@@ -161,82 +159,14 @@ model::GPT2Config model_config_for(const WorkerConfig& config) {
   return c;
 }
 
-ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape,
-                                   int world_size) {
-  // A data-parallel group cannot mix CPU and GPU replicas (Gloo vs NCCL all-reduce): a replica
-  // whose GPU is present but unusable stops the group instead of falling back alone.
-  const bool may_fall_back = world_size <= 1;
-  const int B = static_cast<int>(config.training.batch_size);
-  const int T = static_cast<int>(config.training.seq_len);
-  ModelOnDevice out;
-  auto on_cpu = [&](const std::string& warning, const std::string& why) {
-    LH_LOG(WARNING) << warning << kv("why", why);
-    out.plan = selfcheck::DevicePlan{};
-    out.plan.device = "cpu";
-    out.plan.self_check = "n/a";
-    out.plan.why_cpu = why;
-    out.model = model::make_cpu_gpt2(shape, B, T);
-    return std::move(out);
-  };
-  constexpr const char* kNoGpu =
-      "device auto: no usable GPU, training on CPU (device: cpu silences this, device: cuda makes "
-      "it an error)";
-  if (config.device != "cpu") {
-    // A shape the CUDA kernels cannot take is decided before any GPU work (host-only check).
-    std::string why;
-    if (backend_cuda::cuda_available(&why)) {
-      try {
-        backend_cuda::cuda_gpt2_memory_bytes(shape, B, T);
-      } catch (const Error& e) {
-        if (config.device == "cuda") throw;
-        return on_cpu(kNoGpu, e.what());
-      }
-    }
-  }
+selfcheck::PlanOptions device_options(const WorkerConfig& config, int world_size) {
   selfcheck::PlanOptions options;
   options.device = config.device;
   options.self_check = config.cuda.self_check;
-  options.allow_cpu_fallback = may_fall_back;
-  out.plan = selfcheck::plan_device(shape, options);  // throws for device: cuda
-  if (out.plan.device == "cuda") {
-    try {
-      out.model = backend_cuda::make_cuda_gpt2(shape, B, T, out.plan.cuda);
-      LH_LOG(INFO) << "training on the GPU" << kv("plan", out.plan.summary());
-      return out;
-    } catch (const Error& e) {
-      // Out of memory, a broken context, ...: auto falls back, cuda fails.
-      if (config.device == "cuda") throw;
-      if (!may_fall_back) {
-        throw FailedPrecondition(std::string("this replica's GPU failed at start (") + e.what() +
-                                 "); the other replicas train on theirs, and a data-parallel "
-                                 "group cannot mix CPU and GPU replicas");
-      }
-      selfcheck::DevicePlan failed = std::move(out.plan);
-      ModelOnDevice cpu;
-      cpu.plan.device = "cpu";
-      cpu.plan.self_check = failed.self_check;
-      cpu.plan.report = std::move(failed.report);
-      cpu.plan.why_cpu = e.what();
-      LH_LOG(WARNING) << kNoGpu << kv("why", cpu.plan.why_cpu);
-      cpu.model = model::make_cpu_gpt2(shape, B, T);
-      return cpu;
-    }
-  }
-  if (!out.plan.why_cpu.empty()) {
-    LH_LOG(WARNING) << (out.plan.self_check == "failed"
-                            ? "device auto: the GPU failed the start-up self-check, training on "
-                              "CPU (device: cpu silences this, device: cuda makes it an error; "
-                              "`longhaul-worker doctor` shows the full report)"
-                            : kNoGpu)
-                    << kv("why", out.plan.why_cpu);
-  }
-  out.model = model::make_cpu_gpt2(shape, B, T);
-  return out;
-}
-
-std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
-                                                 const model::GPT2Config& shape) {
-  return make_model_on_device(config, shape).model;
+  options.allow_cpu_fallback = world_size <= 1;
+  options.batch_size = static_cast<int>(config.training.batch_size);
+  options.seq_len = static_cast<int>(config.training.seq_len);
+  return options;
 }
 
 Trainer::Trainer(const WorkerConfig& config, std::unique_ptr<model::LanguageModel> model,

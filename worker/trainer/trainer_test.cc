@@ -154,5 +154,38 @@ TEST_F(TrainerTest, TokensOutsideTheVocabularyAreADataError) {
   }
 }
 
+// The config's part of the device decision (selfcheck::make_model_on_device decides): the
+// device, the self-check switch, the micro-batch the model is sized for, and that a replica of a
+// group may not fall back to the CPU alone.
+TEST_F(TrainerTest, DeviceOptionsCarryTheConfigAndForbidALoneFallbackInAGroup) {
+  WorkerConfig c = small_config();
+  c.device = "cuda";
+  c.cuda.self_check = false;
+  const selfcheck::PlanOptions one = device_options(c);
+  EXPECT_EQ(one.device, "cuda");
+  EXPECT_FALSE(one.self_check);
+  EXPECT_EQ(one.batch_size, 2);
+  EXPECT_EQ(one.seq_len, 16);
+  EXPECT_TRUE(one.allow_cpu_fallback);
+  EXPECT_FALSE(device_options(c, 2).allow_cpu_fallback);
+
+  // A group's replica whose GPU fails at start stops the group instead of training on the CPU.
+  c.device = "auto";
+  selfcheck::PlanOptions replica = device_options(c, 4);
+  replica.device_available = [](std::string*) { return true; };
+  replica.device_fits = [](const model::GPT2Config&, int, int) {};
+  replica.device_model = [](const model::GPT2Config&, int, int, const backend_cuda::CudaOptions&)
+      -> std::unique_ptr<model::LanguageModel> { throw Internal("out of memory (test)"); };
+  EXPECT_THROW(selfcheck::make_model_on_device(model_config_for(c), replica), FailedPrecondition);
+  // The same failure on a single replica: the CPU, sized for the config's micro-batch.
+  selfcheck::PlanOptions alone = replica;
+  alone.allow_cpu_fallback = true;
+  const selfcheck::ModelOnDevice made = selfcheck::make_model_on_device(model_config_for(c), alone);
+  EXPECT_EQ(made.plan.device, "cpu");
+  EXPECT_EQ(made.plan.why_cpu, "out of memory (test)");
+  EXPECT_EQ(made.model->max_batch_size(), 2);
+  EXPECT_EQ(made.model->max_seq_len(), 16);
+}
+
 }  // namespace
 }  // namespace longhaul::trainer

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <utility>
 
 #include <longhaul/base/error.h>
@@ -17,6 +18,7 @@
 #include <longhaul/kernels/cpu/global_norm.h>
 #include <longhaul/kernels/cpu/layernorm.h>
 #include <longhaul/kernels/cpu/matmul.h>
+#include <longhaul/kernels/cpu/platform.h>
 #include <longhaul/kernels/cpu/residual.h>
 #include <longhaul/model/gpt2_layout.h>
 
@@ -80,6 +82,11 @@ class CpuGPT2 final : public LanguageModel {
 
   const GPT2Config& config() const override { return config_; }
   std::string_view device_name() const override { return "cpu"; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+  std::string numerical_environment() const override {
+    const kernels::cpu::CpuPlatform p = kernels::cpu::cpu_platform();
+    return "cpu: " + p.blas + ", " + std::to_string(p.threads) + " threads";
+  }
   int64_t num_parameters() const override { return static_cast<int64_t>(num_params_); }
   int max_batch_size() const override { return max_B_; }
   int max_seq_len() const override { return max_T_; }

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -50,6 +51,7 @@
 #include <longhaul/model/gpt2_layout.h>
 
 #include "longhaul/model/cuda/cuda_backend.h"
+#include "longhaul/model/cuda/device_info.h"
 
 namespace longhaul::backend_cuda {
 namespace {
@@ -294,6 +296,8 @@ class GPT2Cuda final : public model::LanguageModel {
 
   const GPT2Config& config() const override { return config_; }
   std::string_view device_name() const override { return "cuda"; }
+  model::MemorySpace memory_space() const override { return model::MemorySpace::kDevice; }
+  std::string numerical_environment() const override;
   int64_t num_parameters() const override { return static_cast<int64_t>(num_params_); }
   int max_batch_size() const override { return shape_.B; }
   int max_seq_len() const override { return shape_.T; }
@@ -432,6 +436,19 @@ GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_B, int max_T, const CudaOpt
 }
 
 GPT2Cuda::~GPT2Cuda() { release(); }
+
+std::string GPT2Cuda::numerical_environment() const {
+  const CudaBuildInfo build = cuda_build_info();
+  const CudaSystemInfo sys = cuda_system_info();
+  std::string gpu = "unknown GPU";
+  for (const CudaDeviceInfo& d : sys.devices) {
+    if (d.ordinal != options_.device) continue;
+    gpu =
+        d.name + " (compute " + std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor) + ")";
+  }
+  return "cuda: " + gpu + ", CUDA runtime and cuBLAS " + build.runtime_version + ", driver " +
+         sys.driver_version;
+}
 
 void GPT2Cuda::release() noexcept {
   // Errors are ignored here: this runs on error paths and in destructors.

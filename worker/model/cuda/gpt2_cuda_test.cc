@@ -149,6 +149,10 @@ TEST(CudaGpt2Test, InitialisesLikeTheCpuModelWithHuggingFaceNames) {
   cpu->init_weights(42);
   gpu->init_weights(42);
   EXPECT_EQ(gpu->device_name(), "cuda");
+  EXPECT_EQ(gpu->memory_space(), model::MemorySpace::kDevice);
+  EXPECT_EQ(gpu->numerical_environment().rfind("cuda: ", 0), 0u) << gpu->numerical_environment();
+  EXPECT_EQ(gpu->numerical_environment().find("unknown GPU"), std::string::npos)
+      << gpu->numerical_environment();
   EXPECT_EQ(gpu->num_parameters(), cpu->num_parameters());
   const std::vector<model::NamedTensor> c = cpu->named_parameters(), g = gpu->named_parameters();
   ASSERT_EQ(g.size(), c.size());

@@ -67,12 +67,25 @@ struct HostCopy {
 // each block), never to biases or layernorm parameters: is_weight_decayed below.
 using AdamWOptions = kernels::AdamWOptions;
 
+// Where a backend keeps its flat buffers (the memory contract above).
+enum class MemorySpace {
+  kHost,    // host memory ("cpu"): host code may read and write them
+  kDevice,  // device memory ("cuda"): only the transfers below and the backend's own kernels
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
 
   virtual const GPT2Config& config() const = 0;
-  virtual std::string_view device_name() const = 0;  // "cpu", "cuda"
+  virtual std::string_view device_name() const = 0;  // "cpu", "cuda": for people to read
+  // Where the flat buffers live: what a data-parallel layer all-reduces them with (host: Gloo,
+  // in place and overlapped with the backward pass; device: the device's collective, NCCL).
+  virtual MemorySpace memory_space() const = 0;
+  // Where the bits of a step are computed, which bit-identical resume depends on, as one line:
+  // "cpu: <BLAS build and core>, <n> threads", or "cuda: <GPU> (compute X.Y), CUDA runtime and
+  // cuBLAS <version>, driver <version>". Checkpoints record it (`numerics` metadata).
+  virtual std::string numerical_environment() const = 0;
   virtual int64_t num_parameters() const = 0;
   // The largest batch / sequence length forward calls accept (activations are sized for them).
   virtual int max_batch_size() const = 0;

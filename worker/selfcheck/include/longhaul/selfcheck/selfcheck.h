@@ -1,6 +1,6 @@
 // The kernel self-check: before a backend is trusted with a days-long run, every kernel family
 // the model uses runs on small random inputs of the model's real head size and dtypes, on the
-// real device, and is compared with a plain double-precision reference (reference.cc) within
+// real device, and is compared with a plain double-precision reference (families.cc) within
 // the tolerances the kernel tests state. A family may have several implementations in
 // preference order (attention: flash, then cuBLAS; each cuBLASLt epilogue, then a separate
 // kernel): the first that passes is chosen, and a failure names the family, the implementation,

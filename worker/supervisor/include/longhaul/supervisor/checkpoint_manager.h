@@ -19,7 +19,10 @@
 // last_preserved_timestamp at the manager's creation time, as TF does.
 //
 // Thread-safety: internally locked; save() may run on the AsyncCheckpointer thread while
-// latest()/checkpoints() are read elsewhere.
+// latest()/checkpoints()/state() are read elsewhere. Readers never wait on a disk sync: they
+// see the list as of the last state file that was committed (a save's new entry appears once
+// its state file rewrite has completed), and saves commit their state files one at a time, in
+// the order their entries are listed.
 #pragma once
 
 #include <chrono>
@@ -47,6 +50,10 @@ struct CheckpointManagerOptions {
   // Remove `<basename>-*.safetensors.tmp.*` and `checkpoint.tmp.*` left by a crashed writer.
   // Only the process that writes checkpoints (the chief) should.
   bool remove_temp_files = true;
+  // Rewrites the state file (temp file, fsync, rename, directory fsync). Empty:
+  // write_checkpoint_state. Tests hold a save inside its state file sync with it.
+  std::function<void(const std::filesystem::path& logdir, const CheckpointState& state)>
+      state_writer;
 };
 
 // One checkpoint listed in the state file.
@@ -66,8 +73,9 @@ class CheckpointManager {
 
   // Writes `snapshot` as <logdir>/<basename>-<step>.safetensors, commits it, rewrites the state
   // file, then applies retention. Returns the checkpoint file. `wall_time` is its timestamp
-  // (seconds since the epoch; now when negative). Throws on I/O errors; the state file then
-  // still names the previous checkpoint.
+  // (seconds since the epoch; now when negative). latest()/checkpoints()/state() list it once
+  // the state file naming it is committed. Throws on I/O errors; the state file, and latest(),
+  // then still name the previous checkpoint.
   std::filesystem::path save(const Snapshot& snapshot, double wall_time = -1);
 
   // The file the state names as latest (not verified), or nullopt.
@@ -97,10 +105,13 @@ class CheckpointManager {
   void warn_foreign(std::string_view prefix, const std::filesystem::path& file) const;
 
   CheckpointManagerOptions options_;
+  // Held by save() from reading the list to publishing the new one, across the state file's
+  // write and syncs: state file rewrites happen one at a time, in list order. Taken before mu_.
+  std::mutex save_mu_;
+  // Guards the published list; never held across I/O.
   mutable std::mutex mu_;
   std::vector<CheckpointEntry> entries_;  // guarded by mu_; oldest first
   double last_preserved_timestamp_ = 0;   // guarded by mu_
-  bool state_usable_ = true;              // false when the state file was missing or garbled
 };
 
 }  // namespace longhaul::supervisor

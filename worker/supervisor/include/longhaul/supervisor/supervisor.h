@@ -89,7 +89,9 @@ namespace longhaul::supervisor {
 
 class Supervisor;
 
-// Defaults are TensorFlow's. For the *_secs intervals, 0 disables the service.
+// Defaults are TensorFlow's. For the *_secs intervals, 0 disables the service. longhaul-worker
+// sets every field from its config, whose own defaults (trainer/config.h) are shorter where a
+// worker run wants them: checkpoint.save_model_secs 60, summaries.save_summaries_secs 30.
 struct SupervisorOptions {
   std::filesystem::path logdir;  // required: checkpoints, state file, events
   bool is_chief = true;

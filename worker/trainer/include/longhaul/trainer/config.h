@@ -54,7 +54,9 @@ struct TrainingConfigSection {
 };
 
 struct CheckpointConfigSection {
-  double save_model_secs = 60;   // checkpoint service interval; 0 disables it
+  // Checkpoint service interval; 0 disables it. The worker's default is 60 s, deliberately not
+  // SupervisorOptions' 600 (TensorFlow's): a crashed or preempted run redoes at most a minute.
+  double save_model_secs = 60;
   int64_t save_model_steps = 0;  // also checkpoint every N steps; 0 disables
   int max_to_keep = 5;           // 0 keeps all
   double keep_checkpoint_every_n_hours = 10000;
@@ -63,8 +65,9 @@ struct CheckpointConfigSection {
 };
 
 struct SummariesConfigSection {
-  double save_summaries_secs = 30;  // summary service / global_step/sec interval; 0 disables
-  int64_t every_steps = 10;         // training scalars every N steps; 0 disables events
+  // Summary service / global_step/sec interval; 0 disables. 30 s, not SupervisorOptions' 120.
+  double save_summaries_secs = 30;
+  int64_t every_steps = 10;  // training scalars every N steps; 0 disables events
 };
 
 struct LogConfigSection {

@@ -56,22 +56,11 @@ class CheckpointError : public Error {
   CheckpointError(Code code, const std::string& message) : Error(code, message) {}
 };
 
-// Creates the model on the device the config asks for: `cpu`; `cuda` (Unavailable when this
-// build or machine has no usable GPU, FailedPrecondition when the GPU fails the start-up
-// self-check, or whatever error the GPU gives at start); `auto` = cuda when a GPU is usable,
-// passes the self-check (cuda.self_check) and the CUDA model starts on it, else cpu with a
-// WARNING saying why. The plan says which device and kernels were chosen (selfcheck/
-// device_plan.h): the run logs it, exports it, and writes it into events and checkpoints.
-struct ModelOnDevice {
-  std::unique_ptr<model::LanguageModel> model;
-  selfcheck::DevicePlan plan;
-};
-// With world_size > 1, a GPU that is present but fails the self-check or fails at start is an
-// error under `auto` too (FailedPrecondition): one replica on the CPU cannot join GPU replicas.
-ModelOnDevice make_model_on_device(const WorkerConfig& config, const model::GPT2Config& shape,
-                                   int world_size = 1);
-std::unique_ptr<model::LanguageModel> make_model(const WorkerConfig& config,
-                                                 const model::GPT2Config& shape);
+// What selfcheck::make_model_on_device (device_plan.h, where the device is decided) needs from
+// the config: `device` (auto | cpu | cuda), cuda.self_check, the micro-batch training.batch_size
+// x training.seq_len, and for a replica of a data-parallel group (world_size > 1) no CPU fallback
+// of its own: one replica on the CPU cannot join GPU replicas (Gloo vs NCCL all-reduce).
+selfcheck::PlanOptions device_options(const WorkerConfig& config, int world_size = 1);
 
 // The model shape the config asks for: the preset with the explicit fields applied, validated.
 // Throws InvalidArgument naming the config key (and file) that is wrong.

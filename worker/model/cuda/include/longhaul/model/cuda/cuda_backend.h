@@ -3,15 +3,8 @@
 //
 // This header compiles without the CUDA toolkit. When the project is built without CUDA
 // (LONGHAUL_HAVE_CUDA off), cuda_available() returns false with a reason and make_cuda_gpt2()
-// throws Unavailable, so the trainer can implement `device: auto|cpu|cuda` unconditionally:
-//
-//   std::string why;
-//   if (device == "cuda" || (device == "auto" && backend_cuda::cuda_available(&why))) {
-//     model = backend_cuda::make_cuda_gpt2(config, B, T);   // throws Unavailable on failure
-//   } else {
-//     if (device == "auto") LH_LOG(WARNING) << "no usable GPU, training on CPU" << kv("why", why);
-//     model = model::make_cpu_gpt2(config, B, T);
-//   }
+// throws Unavailable, so `device: auto|cpu|cuda` is decided unconditionally, in one place:
+// selfcheck::make_model_on_device (longhaul/selfcheck/device_plan.h), which calls these.
 //
 // Memory space: as language_model.h says, the flat buffers and NamedTensor::data of a CUDA model
 // are DEVICE pointers (fp32, the unpadded layout of language_model.h). Host code must not
