@@ -53,7 +53,6 @@ class CommunicatorTest : public ::testing::Test {
     o.attempt = std::move(attempt);
     o.rank = rank;
     o.world_size = world;
-    o.recovery_wait_secs = 0.02;
     o.max_wait_secs = 20;
     o.collective_timeout_secs = 10;
     return o;
