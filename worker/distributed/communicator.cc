@@ -177,6 +177,44 @@ std::string bindable_address(const std::string& host, int rank) {
                         "' (" + error + "): it is not an address of this machine" + hint);
 }
 
+// The FileStore the mesh connects through, its waits bounded by the connect timeout (Gloo's own
+// FileStore::get waits its 30 s default whatever the context's timeout says) and ended by a
+// stop request (Cancelled).
+class ConnectStore : public gloo::rendezvous::FileStore {
+ public:
+  ConnectStore(const fs::path& dir, std::chrono::milliseconds timeout,
+               std::function<bool()> cancelled)
+      : FileStore(dir.string()), timeout_(timeout), cancelled_(std::move(cancelled)) {}
+
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
+    return FileStore::get(key);
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const auto deadline = Clock::now() + std::min(timeout, timeout_);
+    while (!check(keys)) {
+      if (cancelled_ && cancelled_()) {
+        throw Cancelled("connecting the group abandoned: a stop was requested");
+      }
+      if (Clock::now() >= deadline) {
+        std::string names;
+        for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
+        throw Unavailable("a peer did not publish its address (" + names + ") within " +
+                          std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  std::function<bool()> cancelled_;
+};
+
 // A communicator of one: every collective is the identity.
 class SoloCommunicator : public Communicator {
  public:
@@ -771,7 +809,7 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
     context->setTimeout(to_ms(o.connect_timeout_secs));
     std::string error;
     try {
-      gloo::rendezvous::FileStore store(dir.string());
+      ConnectStore store(dir, to_ms(o.connect_timeout_secs), o.cancelled);
       gloo::rendezvous::PrefixStore prefixed(generation, store);
       context->connectFullMesh(prefixed, device);
       break;
