@@ -121,24 +121,6 @@ dist::RendezvousOptions rendezvous_options(const dist::ReplicaIdentity& id, cons
   return o;
 }
 
-// The connected mesh. A member of the generation may die before the mesh is connected (e.g. a
-// second replica lost while the survivors regroup): with `regroup` the survivors open a new
-// generation, which this replica joins (until max_wait_secs) rather than make the whole group
-// restart.
-std::unique_ptr<dist::Communicator> connect(const dist::RendezvousOptions& o, bool regroup) {
-  const auto give_up = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(o.max_wait_secs * 1000));
-  while (true) {
-    try {
-      return dist::rendezvous(o);
-    } catch (const Aborted& e) {
-      if (!regroup || std::chrono::steady_clock::now() >= give_up) throw;
-      LH_LOG(WARNING) << "a peer was lost while the group formed; joining its next generation"
-                      << kv("rank", o.rank) << kv("error", e.what());
-    }
-  }
-}
-
 // Recovery in place (distributed/data_parallel.h), for supervisor.on_peer_loss: regroup. A
 // replacement of a lost replica takes the survivors' state by broadcast instead of reading a
 // checkpoint, and every replica regroups after a loss.
@@ -175,16 +157,17 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   const bool regroup = run.config.supervisor.on_peer_loss == "regroup";
   // A fresh process first asks whether it joins replicas that kept their state (it replaces a
   // lost one). Every replica asks, whatever its policy, so that replicas with different
-  // supervisor.on_peer_loss all exit 2 here. With regroup, a member lost before that agreement
-  // (died, or frozen: communicator.h, "Liveness") sends this replica to the group's next
-  // generation rather than out with 138, which would restart the whole group.
+  // supervisor.on_peer_loss all exit 2 here. A member lost before the mesh connected is left
+  // behind by rendezvous() itself (a new generation); with regroup, one lost before this
+  // agreement (died, or frozen: communicator.h, "Liveness") sends this replica to the group's
+  // next generation too, rather than out with 138, which would restart the whole group.
   const auto give_up = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(o.max_wait_secs * 1000));
   std::unique_ptr<dist::DataParallel> dp;
   dist::StateSource source;
   while (true) {
     dp.reset();  // a failed group's sockets are closed before the next rendezvous
-    dp = std::make_unique<dist::DataParallel>(connect(o, regroup), dp_options);
+    dp = std::make_unique<dist::DataParallel>(dist::rendezvous(o), dp_options);
     if (regroup) dp->set_regroup(o, run.config.supervisor.regroup_timeout_secs);
     try {
       source = dp->agree_state_source(std::nullopt);
