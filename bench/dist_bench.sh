@@ -53,7 +53,7 @@ checkpoint: {save_model_secs: 0, save_model_steps: $2, max_to_keep: 2}
 summaries: {every_steps: 0, save_summaries_secs: 0}
 log: {every_steps: 1000000}
 eval: {every_steps: 0}
-supervisor: {recovery_wait_secs: 0.05, max_wait_secs: 60, on_peer_loss: exit}
+supervisor: {on_peer_loss: exit}
 YAML
 }
 

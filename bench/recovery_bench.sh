@@ -82,8 +82,7 @@ checkpoint: {save_model_secs: 0, save_model_steps: $save_every, max_to_keep: 2}
 summaries: {every_steps: 0, save_summaries_secs: 0}
 log: {every_steps: 1}
 eval: {every_steps: 0}
-supervisor: {recovery_wait_secs: 0.05, max_wait_secs: 120, on_peer_loss: $1,
-             regroup_timeout_secs: 120}
+supervisor: {on_peer_loss: $1}
 YAML
 }
 
@@ -95,7 +94,6 @@ start() {  # start <dir> <rank> <attempt> <log>: starts one replica, its pid in 
   local task='{"type": "chief", "index": 0}'
   [[ $2 -gt 0 ]] && task="{\"type\": \"worker\", \"index\": $(($2 - 1))}"
   TF_CONFIG="{\"cluster\": {$cluster}, \"task\": $task}" LONGHAUL_RESTART_ATTEMPT="$3" \
-    LONGHAUL_COLLECTIVE_TIMEOUT_SECS=60 \
     "$worker" train --config "$1/cfg.yaml" --logdir "$1/run" >"$4" 2>"$4.err" &
   started=$!
   pids+=("$started")

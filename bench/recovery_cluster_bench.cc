@@ -93,10 +93,7 @@ json job_manifest(const std::string& name, const std::string& scope, const Optio
            std::string("summaries.save_summaries_secs=0"),
            std::string("log.every_steps=1"),
            std::string("eval.every_steps=0"),
-           std::string("supervisor.recovery_wait_secs=0.05"),
-           std::string("supervisor.max_wait_secs=120"),
            "supervisor.on_peer_loss=" + on_peer_loss,
-           std::string("supervisor.regroup_timeout_secs=120"),
            std::string("grace_period_secs=25"),
        }) {
     args.push_back("--set=" + s);

@@ -4,6 +4,9 @@
 // Environment read here besides what dist/cluster.h lists:
 //   LONGHAUL_COLLECTIVE_TIMEOUT_SECS (default 300): a peer that hangs or a cut network is
 //       declared lost after this; survivors regroup or exit 138 (supervisor.on_peer_loss).
+//   LONGHAUL_PEER_LIVENESS_SECS (default 10): a peer whose heartbeat file in the rendezvous
+//       folder stopped changing (a frozen process or host) is declared lost after this
+//       (communicator.h, "Liveness").
 //   LONGHAUL_ALLREDUCE_ALGORITHM (default ring): ring | halving-doubling | bcube.
 //   LONGHAUL_ALLREDUCE_OVERLAP (default on): on | off, when train has no --allreduce-overlap.
 //   LONGHAUL_ALLREDUCE_BUCKET_MB (default 0 = automatic), when train has no
@@ -106,9 +109,9 @@ dist::RendezvousOptions rendezvous_options(const dist::ReplicaIdentity& id, cons
   o.world_size = id.world_size;
   o.bind_host = id.bind_host;
   o.bind_iface = id.bind_iface;
-  o.recovery_wait_secs = run.config.supervisor.recovery_wait_secs;
   o.max_wait_secs = run.config.supervisor.max_wait_secs;
   o.collective_timeout_secs = env_secs("LONGHAUL_COLLECTIVE_TIMEOUT_SECS", 300);
+  o.liveness_timeout_secs = env_secs("LONGHAUL_PEER_LIVENESS_SECS", 10);
   if (supervisor::SignalHandler* signals = run.signals) {
     o.cancelled = [signals] { return signals->stop_requested(); };
   }
@@ -116,24 +119,6 @@ dist::RendezvousOptions rendezvous_options(const dist::ReplicaIdentity& id, cons
     o.algorithm = dist::parse_allreduce_algorithm(a);
   }
   return o;
-}
-
-// The connected mesh. A member of the generation may die before the mesh is connected (e.g. a
-// second replica lost while the survivors regroup): with `regroup` the survivors open a new
-// generation, which this replica joins (until max_wait_secs) rather than make the whole group
-// restart.
-std::unique_ptr<dist::Communicator> connect(const dist::RendezvousOptions& o, bool regroup) {
-  const auto give_up = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(o.max_wait_secs * 1000));
-  while (true) {
-    try {
-      return dist::rendezvous(o);
-    } catch (const Aborted& e) {
-      if (!regroup || std::chrono::steady_clock::now() >= give_up) throw;
-      LH_LOG(WARNING) << "a peer was lost while the group formed; joining its next generation"
-                      << kv("rank", o.rank) << kv("error", e.what());
-    }
-  }
 }
 
 // Recovery in place (distributed/data_parallel.h), for supervisor.on_peer_loss: regroup. A
@@ -170,7 +155,29 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   const dist::DataParallelOptions dp_options =
       data_parallel_options(args, o.collective_timeout_secs);
   const bool regroup = run.config.supervisor.on_peer_loss == "regroup";
-  auto dp = std::make_unique<dist::DataParallel>(connect(o, regroup), dp_options);
+  // A fresh process first asks whether it joins replicas that kept their state (it replaces a
+  // lost one). Every replica asks, whatever its policy, so that replicas with different
+  // supervisor.on_peer_loss all exit 2 here. A member lost before the mesh connected is left
+  // behind by rendezvous() itself (a new generation); with regroup, one lost before this
+  // agreement (died, or frozen: communicator.h, "Liveness") sends this replica to the group's
+  // next generation too, rather than out with 138, which would restart the whole group.
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(o.max_wait_secs * 1000));
+  std::unique_ptr<dist::DataParallel> dp;
+  dist::StateSource source;
+  while (true) {
+    dp.reset();  // a failed group's sockets are closed before the next rendezvous
+    dp = std::make_unique<dist::DataParallel>(dist::rendezvous(o), dp_options);
+    if (regroup) dp->set_regroup(o, run.config.supervisor.regroup_timeout_secs);
+    try {
+      source = dp->agree_state_source(std::nullopt);
+      break;
+    } catch (const Aborted& e) {
+      if (!regroup || std::chrono::steady_clock::now() >= give_up) throw;
+      LH_LOG(WARNING) << "a peer was lost while the group formed; joining its next generation"
+                      << kv("rank", o.rank) << kv("error", e.what());
+    }
+  }
   // The first broadcast waits while the chief restores (a large checkpoint may take minutes).
   const auto first_wait = std::chrono::milliseconds(
       static_cast<int64_t>((o.max_wait_secs + o.collective_timeout_secs) * 1000));
@@ -178,11 +185,6 @@ std::unique_ptr<dist::DataParallel> join_replica_group(const dist::ReplicaIdenti
   run.sync_state = [p, first_wait](supervisor::TrainingState& state) {
     p->broadcast_state(state, first_wait);
   };
-  // A fresh process first asks whether it joins replicas that kept their state (it replaces a
-  // lost one). Every replica asks, whatever its policy, so that replicas with different
-  // supervisor.on_peer_loss all exit 2 here.
-  if (regroup) p->set_regroup(o, run.config.supervisor.regroup_timeout_secs);
-  const dist::StateSource source = p->agree_state_source(std::nullopt);
   if (regroup) enable_regroup(p, source, o, run);
   // The chief role (checkpoints, events, training.done) follows the agreement: rank 0 at a
   // fresh start; a replacement joins as a worker; the lowest survivor when the chief is lost.
@@ -242,6 +244,13 @@ int finish_replica(const dist::ReplicaIdentity& id, const TrainArgs& args,
                          "final checkpoint; exit 138 so the group restarts from the latest one"
                       << kv("rank", dp->rank()) << kv("error", e.what());
       return kExitAborted;
+    } catch (const Cancelled& e) {
+      // A stop while waiting for the chief (its final checkpoint may take long): this replica
+      // has nothing to commit; the chief's checkpoint is the chief's.
+      const int sig = run.signals != nullptr ? run.signals->signal_received() : 0;
+      LH_LOG(INFO) << "stopped while waiting for the chief to confirm its final checkpoint"
+                   << kv("rank", dp->rank()) << kv("reason", e.what());
+      return sig != 0 ? 128 + sig : kExitAborted;
     }
   }
   if (chief && finished && result.signal == 0 && dp != nullptr && args.rendezvous_dir.empty()) {
@@ -254,7 +263,7 @@ int run_evaluator_task(const trainer::WorkerConfig& config, const std::filesyste
   dist::EvaluatorOptions o;
   o.config = config;
   o.logdir = logdir;
-  o.poll_secs = config.supervisor.recovery_wait_secs;
+  o.poll_secs = 1;  // a new checkpoint is evaluated within a second; not a group's wait
   struct sigaction sa {};
   sa.sa_handler = on_evaluator_signal;
   sigemptyset(&sa.sa_mask);

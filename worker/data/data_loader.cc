@@ -84,10 +84,17 @@ Batch slice(const TokenDataset& ds, size_t part, int64_t slot, const LoaderOptio
 
 }  // namespace
 
-std::shared_ptr<const TokenDataset> TokenDataset::from_glob(std::string_view pattern) {
+std::shared_ptr<const TokenDataset> TokenDataset::from_glob(
+    std::string_view pattern, const std::function<bool()>& stop_requested) {
   auto ds = std::make_shared<TokenDataset>();
   ds->description_ = std::string(pattern);
-  for (const auto& path : expand_glob(pattern)) {
+  const auto paths = expand_glob(pattern);
+  for (const auto& path : paths) {
+    if (stop_requested && stop_requested()) {
+      throw Cancelled("opening " + std::string(pattern) + " abandoned after " +
+                      std::to_string(ds->shards_.size()) + " of " + std::to_string(paths.size()) +
+                      " shards: a stop was requested");
+    }
     auto shard = std::make_unique<TokenShard>(path);
     ds->parts_.push_back(Part{path.string(), shard->tokens()});
     ds->shards_.push_back(std::move(shard));

@@ -123,6 +123,22 @@ TEST_F(DataTest, BatchIsInputsAndShiftedTargets) {
   EXPECT_EQ(loader.next().tokens[0], 8);  // sequential
 }
 
+// A SIGTERM while a glob of many shards is opened ends the opening before the next shard, not
+// after the last one.
+TEST_F(DataTest, FromGlobStopsBetweenShardsWhenAStopIsRequested) {
+  for (int i = 0; i < 3; ++i) write_shard(dir_ / ("s" + std::to_string(i) + ".bin"), iota(20));
+  int asked = 0;
+  try {
+    TokenDataset::from_glob((dir_ / "s*.bin").string(), [&] { return ++asked == 2; });
+    FAIL() << "opening went on after a stop request";
+  } catch (const Cancelled& e) {
+    EXPECT_NE(std::string(e.what()).find("after 1 of 3 shards"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(TokenDataset::from_glob((dir_ / "s*.bin").string(), [] { return false; })->num_parts(),
+            3u);
+}
+
 TEST_F(DataTest, ShuffledOrderVisitsEverySlotOncePerEpochAndWraps) {
   write_shard(dir_ / "s0.bin", iota(81, 0));     // 10 slots of 8
   write_shard(dir_ / "s1.bin", iota(41, 1000));  // 5 slots

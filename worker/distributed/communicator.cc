@@ -2,10 +2,15 @@
 #include "longhaul/distributed/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -21,17 +26,20 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
+#include "longhaul/base/poll.h"
 
 namespace longhaul::dist {
 namespace {
@@ -75,6 +83,54 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 std::chrono::milliseconds to_ms(double secs) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::max(secs, 0.001) * 1000.0));
+}
+
+// Sleeps until `until`, looking at `cancelled` every 50 ms; throws Cancelled(what) when it says
+// stop.
+void sleep_checking(Clock::time_point until, const std::function<bool()>& cancelled,
+                    const std::string& what) {
+  while (true) {
+    if (cancelled && cancelled()) throw Cancelled(what);
+    const auto now = Clock::now();
+    if (now >= until) return;
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(until - now, std::chrono::milliseconds(50)));
+  }
+}
+
+// The whole text of a small file, or "" when it cannot be read (absent, being replaced).
+std::string read_small_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The names in `dir` (one listing; empty when it does not exist).
+std::set<std::string> list_names(const fs::path& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    names.insert(it->path().filename().string());
+  }
+  return names;
+}
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
 }
 
 // The numeric address of `host` that this machine can bind, so that Gloo (which crashes on a
@@ -121,6 +177,44 @@ std::string bindable_address(const std::string& host, int rank) {
                         "' (" + error + "): it is not an address of this machine" + hint);
 }
 
+// The FileStore the mesh connects through, its waits bounded by the connect timeout (Gloo's own
+// FileStore::get waits its 30 s default whatever the context's timeout says) and ended by a
+// stop request (Cancelled).
+class ConnectStore : public gloo::rendezvous::FileStore {
+ public:
+  ConnectStore(const fs::path& dir, std::chrono::milliseconds timeout,
+               std::function<bool()> cancelled)
+      : FileStore(dir.string()), timeout_(timeout), cancelled_(std::move(cancelled)) {}
+
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
+    return FileStore::get(key);
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const auto deadline = Clock::now() + std::min(timeout, timeout_);
+    while (!check(keys)) {
+      if (cancelled_ && cancelled_()) {
+        throw Cancelled("connecting the group abandoned: a stop was requested");
+      }
+      if (Clock::now() >= deadline) {
+        std::string names;
+        for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
+        throw Unavailable("a peer did not publish its address (" + names + ") within " +
+                          std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  std::function<bool()> cancelled_;
+};
+
 // A communicator of one: every collective is the identity.
 class SoloCommunicator : public Communicator {
  public:
@@ -132,11 +226,44 @@ class SoloCommunicator : public Communicator {
   void barrier() override {}
 };
 
+// The heartbeat period of a member (communicator.h, "Liveness").
+constexpr std::chrono::milliseconds kHeartbeatInterval{200};
+
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> context, AllreduceAlgorithm algorithm,
-                   std::string where)
-      : context_(std::move(context)), algorithm_(algorithm), where_(std::move(where)) {}
+  // `context` is connected; `dir` and `generation` name the heartbeat files; `me` is this
+  // process's arrival identity.
+  GlooCommunicator(std::shared_ptr<gloo::Context> context, const RendezvousOptions& o, fs::path dir,
+                   std::string generation, std::string me)
+      : context_(std::move(context)),
+        algorithm_(o.algorithm),
+        where_("rendezvous " + dir.string()),
+        dir_(std::move(dir)),
+        generation_(std::move(generation)),
+        me_(std::move(me)),
+        liveness_timeout_(to_ms(o.liveness_timeout_secs)),
+        cancelled_(o.cancelled) {
+    // The local end of each connected pair: how break_group finds this group's sockets.
+    for (int r = 0; r < context_->size; ++r) {
+      if (r == context_->rank) continue;
+      const auto* address =
+          dynamic_cast<const gloo::transport::tcp::Address*>(&context_->getPair(r)->address());
+      if (address != nullptr) local_ends_.push_back(address->getSockaddr());
+    }
+    write_heartbeat();
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    heartbeat_.join();
+    std::error_code ec;
+    fs::remove(heartbeat_path(rank()), ec);
+  }
 
   int rank() const override { return context_->rank; }
   int world_size() const override { return context_->size; }
@@ -180,6 +307,8 @@ class GlooCommunicator : public Communicator {
 
   void broadcast(std::span<std::byte> data, int root, std::chrono::milliseconds timeout) override {
     if (data.empty()) return;
+    // A call with its own timeout waits for a slow peer on purpose: a stop request ends it.
+    const WaitScope wait(*this, timeout.count() > 0);
     guarded(
         "broadcast of " + std::to_string(data.size()) + " bytes from rank " + std::to_string(root),
         [&] {
@@ -201,7 +330,112 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
+  // Marks a call that a stop request may end (see broadcast).
+  class WaitScope {
+   public:
+    WaitScope(GlooCommunicator& c, bool on) : c_(c), on_(on) {
+      if (!on_) return;
+      std::lock_guard<std::mutex> lock(c_.mu_);
+      c_.waiting_ = true;
+    }
+    ~WaitScope() {
+      if (!on_) return;
+      std::lock_guard<std::mutex> lock(c_.mu_);
+      c_.waiting_ = false;
+    }
+    WaitScope(const WaitScope&) = delete;
+    WaitScope& operator=(const WaitScope&) = delete;
+
+   private:
+    GlooCommunicator& c_;
+    bool on_;
+  };
+
   uint32_t next_tag() { return tag_++ & 0xffffff; }
+
+  fs::path heartbeat_path(int rank) const {
+    return dir_ / ("alive." + generation_ + "." + std::to_string(rank));
+  }
+
+  // Overwritten in place (no fsync, no rename): a reader that sees a partial file sees a change,
+  // which is what a heartbeat is.
+  void write_heartbeat() {
+    std::ofstream out(heartbeat_path(rank()), std::ios::binary | std::ios::trunc);
+    out << me_ << " " << ++beats_ << "\n";
+  }
+
+  // Every kHeartbeatInterval: refresh this member's file, look at the others' (a member whose
+  // file did not change for the liveness timeout is lost), and end a wait a stop request asked
+  // to end.
+  void heartbeat_loop() {
+    const int w = world_size();
+    std::vector<std::string> seen(static_cast<size_t>(w));
+    std::vector<Clock::time_point> changed(static_cast<size_t>(w), Clock::now());
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      const bool waiting = waiting_;
+      lock.unlock();
+      write_heartbeat();
+      const auto now = Clock::now();
+      int frozen = -1;
+      for (int r = 0; r < w; ++r) {
+        if (r == rank()) continue;
+        std::string text = read_small_file(heartbeat_path(r));
+        if (text != seen[static_cast<size_t>(r)]) {
+          seen[static_cast<size_t>(r)] = std::move(text);
+          changed[static_cast<size_t>(r)] = now;
+        } else if (frozen < 0 && now - changed[static_cast<size_t>(r)] > liveness_timeout_) {
+          frozen = r;
+        }
+      }
+      const bool stop_requested = waiting && cancelled_ && cancelled_();
+      lock.lock();
+      if (frozen >= 0 && lost_.empty() && !stopped_) {
+        lost_ = "rank " + std::to_string(frozen) + " did not refresh its heartbeat " +
+                heartbeat_path(frozen).string() + " for " +
+                std::to_string(liveness_timeout_.count() / 1000.0) +
+                " s (liveness_timeout_secs): it is frozen (SIGSTOP), its host stalled or lost the "
+                "shared logdir";
+        LH_LOG(WARNING) << "a peer stopped refreshing its heartbeat: declaring it lost"
+                        << kv("rank", rank()) << kv("lost_rank", frozen)
+                        << kv("generation", generation_);
+        shut_down_sockets();
+      }
+      if (stop_requested && waiting_ && lost_.empty() && !stopped_) {
+        stopped_ = true;
+        LH_LOG(INFO) << "a stop was requested while waiting for a peer: leaving the group"
+                     << kv("rank", rank()) << kv("generation", generation_);
+        shut_down_sockets();
+      }
+      cv_.wait_for(lock, kHeartbeatInterval, [this] { return stop_; });
+    }
+  }
+
+  // Makes every call on this group fail now: shutdown(2) of each socket whose local end is one
+  // of this group's pairs, so Gloo's event loop sees the connection end — as when a peer dies —
+  // and fails every pending operation. The descriptors stay Gloo's to close. Caller holds mu_.
+  void shut_down_sockets() {
+    std::error_code ec;
+    for (fs::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      char* parsed = nullptr;
+      const long fd = std::strtol(name.c_str(), &parsed, 10);
+      if (parsed == name.c_str() || *parsed != '\0') continue;
+      struct stat st {};
+      if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      sockaddr_storage local{};
+      socklen_t length = sizeof local;
+      if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+        continue;
+      }
+      for (const auto& mine : local_ends_) {
+        if (same_endpoint(local, mine)) {
+          ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+          break;
+        }
+      }
+    }
+  }
 
   template <typename Fn>
   void guarded(const std::string& what, Fn&& fn) {
@@ -213,10 +447,23 @@ class GlooCommunicator : public Communicator {
       fn();
     } catch (const std::exception& e) {
       broken_ = true;
-      broken_reason_ = e.what();
+      std::string lost;
+      bool stopped = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        lost = lost_;
+        stopped = stopped_;
+      }
+      if (stopped) {
+        broken_reason_ = "a stop was requested while waiting";
+        throw Cancelled(what + " on rank " + std::to_string(rank()) + " (" + where_ +
+                        ") abandoned: a stop was requested while waiting for a peer");
+      }
+      broken_reason_ = lost.empty() ? e.what() : lost;
       throw Aborted(what + " failed on rank " + std::to_string(rank()) + " of " +
-                    std::to_string(world_size()) + " (" + where_ + "): " + e.what() +
-                    ". A peer died, hung longer than the collective timeout (" +
+                    std::to_string(world_size()) + " (" + where_ +
+                    "): " + (lost.empty() ? std::string(e.what()) : lost + " (" + e.what() + ")") +
+                    ". A peer died, froze, hung longer than the collective timeout (" +
                     std::to_string(context_->getTimeout().count()) +
                     " ms) or the network was cut; exit with code 138 so the whole group "
                     "restarts from the latest checkpoint");
@@ -226,29 +473,52 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   AllreduceAlgorithm algorithm_;
   std::string where_;
+  fs::path dir_;
+  std::string generation_;
+  std::string me_;
+  std::chrono::milliseconds liveness_timeout_;
+  std::function<bool()> cancelled_;
+  std::vector<sockaddr_storage> local_ends_;  // set before the heartbeat thread starts
   uint32_t tag_ = 1;
   bool broken_ = false;
   std::string broken_reason_;
   std::map<std::pair<float*, size_t>, std::unique_ptr<gloo::AllreduceHalvingDoubling<float>>>
       halving_doubling_;
+  uint64_t beats_ = 0;  // heartbeat thread only (and the constructor, before it starts)
+
+  // Shared with the heartbeat thread.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;     // guarded by mu_: the heartbeat thread ends
+  bool waiting_ = false;  // guarded by mu_: a call a stop request may end is in flight
+  std::string lost_;      // guarded by mu_: why the group was broken (a frozen member)
+  bool stopped_ = false;  // guarded by mu_: the group was broken for a stop request
+  std::thread heartbeat_;
 };
 
-// Waits (polling) until every rank has arrived in one generation of `dir`. Returns it.
+// Waits (polling, base/poll.h) until every rank has arrived in one generation of `dir`.
 class ArrivalBoard {
  public:
-  ArrivalBoard(const RendezvousOptions& o, fs::path dir)
+  ArrivalBoard(const RendezvousOptions& o, fs::path dir, Clock::time_point start)
       : o_(o),
         dir_(std::move(dir)),
-        me_(host_name() + ":" + std::to_string(::getpid()) + ":" + random_id()) {}
+        me_(host_name() + ":" + std::to_string(::getpid()) + ":" + random_id()),
+        deadline_(start + to_ms(o.max_wait_secs)) {}
 
+  // This process's identity in arrival files and member lists.
+  const std::string& identity() const { return me_; }
+  Clock::time_point deadline() const { return deadline_; }
+
+  // Returns the generation every rank arrived in (and, for a non-chief, the chief confirmed).
   std::string wait_for_all() {
     const auto start = Clock::now();
-    const auto deadline = start + to_ms(o_.max_wait_secs);
-    if (o_.rank == 0) open_as_chief();
+    if (o_.rank == 0) open_as_chief(/*keep_files=*/o_.regroup || reopening_);
+    reopening_ = false;
     auto last_log = start;
     while (true) {
       check_cancelled();
       if (o_.rank != 0) follow_generation();
+      if (!generation_.empty()) stop_here_for_test("rendezvous");
       std::vector<int> missing = missing_ranks();
       if (missing.empty()) {
         // The chief closes its generation by naming who arrived; a non-chief leaves only when
@@ -260,7 +530,7 @@ class ArrivalBoard {
         if (confirmed()) return generation_;
       }
       const auto now = Clock::now();
-      if (now >= deadline) {
+      if (now >= deadline_) {
         std::string who;
         for (int r : missing) {
           who += (who.empty() ? "" : ", ") + std::to_string(r) +
@@ -279,7 +549,19 @@ class ArrivalBoard {
                      << kv("missing_ranks", rank_list(missing));
         last_log = now;
       }
-      sleep_until(std::min(deadline, now + to_ms(o_.recovery_wait_secs)));
+      sleep_until(std::min(deadline_, now + poll_interval(now - start)));
+    }
+  }
+
+  // The mesh of `generation_` could not be connected (a member died or froze after arriving):
+  // the chief opens a new generation in the folder as it is; a non-chief treats this one as
+  // stale and follows the chief's next one.
+  void retry_after_failed_connect() {
+    if (o_.rank == 0) {
+      reopening_ = true;
+    } else {
+      stale_ = generation_;
+      generation_.clear();
     }
   }
 
@@ -298,8 +580,8 @@ class ArrivalBoard {
     }
   }
 
-  void open_as_chief() {
-    if (o_.regroup) {  // a surviving chief: a new generation in the folder as it is
+  void open_as_chief(bool keep_files) {
+    if (keep_files) {  // a surviving chief, or a retry: a new generation in the folder as it is
       file::ensure_writable_directory(dir_, "rendezvous folder");
       generation_ = random_id();
       file::write_atomically(dir_ / kGenerationFile, generation_);
@@ -403,13 +685,16 @@ class ArrivalBoard {
 
   // Before the chief opened a generation, ranks announce themselves with `present.<rank>`
   // files, so that a timeout can still name every rank that is not there.
+  // One listing of the folder per look, whatever the world size (bounded cost on a shared
+  // filesystem).
   std::vector<int> missing_ranks() const {
+    const std::set<std::string> names = list_names(dir_);
     std::vector<int> missing;
     for (int r = 0; r < o_.world_size; ++r) {
-      std::error_code ec;
-      const bool there = generation_.empty()
-                             ? r == o_.rank || (r != 0 && fs::exists(present_path(r), ec))
-                             : fs::exists(arrival_path(r), ec);
+      const bool there =
+          generation_.empty()
+              ? r == o_.rank || (r != 0 && names.count(present_path(r).filename().string()) > 0)
+              : names.count(arrival_path(r).filename().string()) > 0;
       if (!there) missing.push_back(r);
     }
     return missing;
@@ -420,8 +705,10 @@ class ArrivalBoard {
   const RendezvousOptions& o_;
   fs::path dir_;
   std::string me_;
+  Clock::time_point deadline_;
   std::string generation_;
   std::string stale_;
+  bool reopening_ = false;  // the chief's next generation keeps the folder's files
 };
 
 }  // namespace
@@ -446,6 +733,15 @@ void remove_rendezvous_dir(const fs::path& logdir, const std::string& attempt) {
                     << kv("dir", rendezvous_dir(logdir, attempt).string())
                     << kv("error", ec.message());
   }
+}
+
+void stop_here_for_test(std::string_view phase) {
+  static std::atomic<bool> stopped{false};
+  const char* wanted = std::getenv("LONGHAUL_TEST_STOP_AT");
+  if (wanted == nullptr || phase != wanted || stopped.exchange(true)) return;
+  const std::string line = "LONGHAUL_TEST_STOP_AT: stopped at " + std::string(phase) + "\n";
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+  ::raise(SIGSTOP);
 }
 
 std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
@@ -474,7 +770,7 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
       attr.iface = o.bind_iface;
     } else {
       // A pod's own DNS name may appear a little after the pod starts: resolution is retried
-      // every recovery_wait_secs until max_wait_secs.
+      // (base/poll.h) until max_wait_secs.
       const auto give_up = start + to_ms(o.max_wait_secs);
       while (true) {
         try {
@@ -484,13 +780,8 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
           if (Clock::now() >= give_up) throw InvalidArgument(e.what());
           LH_LOG(WARNING) << "cannot resolve this replica's address yet; retrying"
                           << kv("host", o.bind_host);
-          const auto until = std::min(give_up, Clock::now() + to_ms(o.recovery_wait_secs));
-          while (Clock::now() < until) {
-            if (o.cancelled && o.cancelled()) {
-              throw Cancelled("rendezvous abandoned while resolving " + o.bind_host);
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          }
+          sleep_checking(std::min(give_up, Clock::now() + poll_interval(Clock::now() - start)),
+                         o.cancelled, "rendezvous abandoned while resolving " + o.bind_host);
         }
       }
     }
@@ -506,22 +797,44 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
         "LONGHAUL_HOST_OVERRIDE (e.g. 127.0.0.1) or LONGHAUL_GLOO_IFACE");
   }
 
-  ArrivalBoard board(o, dir);
-  const std::string generation = board.wait_for_all();
-
-  auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
-  context->setTimeout(to_ms(o.collective_timeout_secs));
-  try {
-    gloo::rendezvous::FileStore store(dir.string());
-    gloo::rendezvous::PrefixStore prefixed(generation, store);
-    context->connectFullMesh(prefixed, device);
-  } catch (const std::exception& e) {
-    throw Aborted("rank " + std::to_string(o.rank) + " could not connect to its peers at " +
-                  dir.string() + " (generation " + generation + "): " + e.what() +
-                  ". A peer died during the rendezvous; exit with code 138 so the group retries");
+  // Arrive, then connect with a short timeout; a connect that fails (a member died or froze
+  // since it arrived) is retried in a new generation until max_wait_secs (communicator.h).
+  ArrivalBoard board(o, dir, start);
+  std::string generation;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  while (true) {
+    generation = board.wait_for_all();
+    stop_here_for_test("connect");
+    context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
+    context->setTimeout(to_ms(o.connect_timeout_secs));
+    std::string error;
+    try {
+      ConnectStore store(dir, to_ms(o.connect_timeout_secs), o.cancelled);
+      gloo::rendezvous::PrefixStore prefixed(generation, store);
+      context->connectFullMesh(prefixed, device);
+      break;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    context.reset();
+    if (o.cancelled && o.cancelled()) {
+      throw Cancelled("rendezvous at " + dir.string() + " abandoned: a stop was requested");
+    }
+    if (Clock::now() >= board.deadline()) {
+      throw DeadlineExceeded(
+          "rank " + std::to_string(o.rank) + " could not connect to its peers at " + dir.string() +
+          " within max_wait_secs (" + std::to_string(o.max_wait_secs) +
+          " s); the last attempt (generation " + generation + ") failed: " + error +
+          ". A peer kept dying or freezing during the rendezvous");
+    }
+    LH_LOG(WARNING) << "could not connect the group (a peer died or froze since it arrived); "
+                       "meeting again in a new generation"
+                    << kv("rank", o.rank) << kv("generation", generation) << kv("error", error);
+    board.retry_after_failed_connect();
   }
-  const std::string where = "rendezvous " + dir.string();
-  auto comm = std::make_unique<GlooCommunicator>(context, o.algorithm, where);
+  // Connected: from here the context's timeout bounds each collective.
+  context->setTimeout(to_ms(o.collective_timeout_secs));
+  auto comm = std::make_unique<GlooCommunicator>(context, o, dir, generation, board.identity());
   LH_LOG(INFO) << "joined the data-parallel group" << kv("rank", o.rank)
                << kv("world_size", o.world_size) << kv("dir", dir.string())
                << kv("seconds", std::chrono::duration<double>(Clock::now() - start).count());

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/file.h"
 #include "longhaul/distributed/data_parallel.h"
 #include "longhaul/model/cpu/gpt2_cpu.h"
 #include "longhaul/testing/temp_dir.h"
@@ -53,7 +54,6 @@ class CommunicatorTest : public ::testing::Test {
     o.attempt = std::move(attempt);
     o.rank = rank;
     o.world_size = world;
-    o.recovery_wait_secs = 0.02;
     o.max_wait_secs = 20;
     o.collective_timeout_secs = 10;
     return o;
@@ -169,6 +169,46 @@ TEST_F(CommunicatorTest, NonChiefStartedEarlyWaitsForTheChief) {
   chief->allreduce_sum(v);
   EXPECT_EQ(v[0], 3.0f);
   EXPECT_EQ(worker.get(), 3.0f);
+}
+
+// A member that arrived and then vanished before the mesh connected (killed, or frozen before
+// it published its address) does not hold the group: the chief's connect fails within the
+// connect timeout, it opens a new generation, and the group forms with whoever comes next.
+TEST_F(CommunicatorTest, MemberLostAfterArrivingIsLeftBehindInANewGeneration) {
+  const fs::path dir = rendezvous_dir(logdir_, "0");
+  auto chief = std::async(std::launch::async, [&] {
+    auto o = options(0, 2);
+    o.connect_timeout_secs = 0.5;
+    return rendezvous(o);
+  });
+  auto generation = [&]() -> std::string {
+    try {
+      return file::read_file(dir / "generation");
+    } catch (const Error&) {
+      return "";
+    }
+  };
+  auto wait_for = [](const std::function<bool()>& condition) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!condition() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return condition();
+  };
+  ASSERT_TRUE(wait_for([&] { return !generation().empty(); }));
+  const std::string first = generation();
+  // A ghost rank 1 arrives in that generation and never connects.
+  file::write_atomically(dir / ("arrived." + first + ".1"), "ghost");
+  ASSERT_TRUE(wait_for([&] { return !generation().empty() && generation() != first; }))
+      << "the chief never gave up on the generation with the lost member";
+  auto worker = rendezvous(options(1, 2));
+  auto comm = chief.get();
+  std::vector<float> mine{2}, theirs{1};
+  auto other = std::async(std::launch::async, [&] { worker->allreduce_sum(theirs); });
+  comm->allreduce_sum(mine);
+  other.get();
+  EXPECT_EQ(mine[0], 3.0f);
+  EXPECT_EQ(theirs[0], 3.0f);
 }
 
 TEST_F(CommunicatorTest, ReusedAttemptFolderIsReplacedNotFatal) {

@@ -70,6 +70,43 @@ void broadcast_string(Communicator& comm, std::string& text, std::chrono::millis
   comm.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
 }
 
+// The tensors of a snapshot from `root` to every rank, packed into chunks of up to kChunkBytes
+// (one collective per chunk rather than per tensor: a model has hundreds of small tensors, and
+// each collective costs a round trip, which a busy machine makes milliseconds). A tensor larger
+// than a chunk travels alone, in place.
+void broadcast_tensors(Communicator& comm, std::vector<std::vector<std::byte>>& buffers, int root) {
+  constexpr size_t kChunkBytes = size_t{64} << 20;
+  std::vector<std::byte> chunk;
+  for (size_t first = 0; first < buffers.size();) {
+    size_t end = first + 1, bytes = buffers[first].size();
+    while (end < buffers.size() && bytes + buffers[end].size() <= kChunkBytes) {
+      bytes += buffers[end++].size();
+    }
+    if (end == first + 1) {
+      comm.broadcast(buffers[first], root);
+      first = end;
+      continue;
+    }
+    chunk.resize(bytes);
+    if (comm.rank() == root) {
+      size_t at = 0;
+      for (size_t i = first; i < end; ++i) {
+        std::memcpy(chunk.data() + at, buffers[i].data(), buffers[i].size());
+        at += buffers[i].size();
+      }
+    }
+    comm.broadcast(chunk, root);
+    if (comm.rank() != root) {
+      size_t at = 0;
+      for (size_t i = first; i < end; ++i) {
+        std::memcpy(buffers[i].data(), chunk.data() + at, buffers[i].size());
+        at += buffers[i].size();
+      }
+    }
+    first = end;
+  }
+}
+
 std::string rank_names(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
@@ -95,6 +132,7 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
                                    std::chrono::milliseconds timeout, int root) {
   if (world_size() == 1) return;
   quiesce();
+  stop_here_for_test("sync");
   const auto start = std::chrono::steady_clock::now();
   supervisor::Snapshot snap;
   const auto my_specs = state.tensor_specs();
@@ -138,7 +176,7 @@ void DataParallel::broadcast_state(supervisor::TrainingState& state,
     snap.step = parsed["step"].get<int64_t>();
     snap.metadata = parsed["metadata"].get<std::map<std::string, std::string>>();
   }
-  for (auto& buffer : snap.buffers) group().broadcast(buffer, root);
+  broadcast_tensors(group(), snap.buffers, root);
   if (rank() != root) {
     SnapshotSource source(snap);
     state.restore(source);
@@ -539,6 +577,7 @@ bool DataParallel::regroup(supervisor::TrainingState& state) {
     throw PeerLost("a peer was lost while the group re-formed; regrouping again");
   }
   // 3-4. Agree on the state to continue from and hand it to everyone.
+  stop_here_for_test("regroup");
   const StateSource source = agree_state_source(state.global_step());
   const auto wait = std::chrono::milliseconds(static_cast<int64_t>(
       (regroup_options_.max_wait_secs + regroup_options_.collective_timeout_secs) * 1000));
@@ -555,6 +594,7 @@ bool DataParallel::regroup(supervisor::TrainingState& state) {
 int64_t DataParallel::finish_with_chief(int64_t step, std::chrono::milliseconds timeout) {
   if (world_size() == 1) return step;
   quiesce();
+  stop_here_for_test("finish");
   group().broadcast(std::as_writable_bytes(std::span<int64_t>(&step, 1)), chief_, timeout);
   return step;
 }

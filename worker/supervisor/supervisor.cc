@@ -12,6 +12,7 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
+#include "longhaul/base/poll.h"
 
 namespace longhaul::supervisor {
 namespace {
@@ -320,7 +321,9 @@ void Supervisor::prepare_non_chief(TrainingState& state) {
     return;
   }
   using Clock = Coordinator::Clock;
-  const auto deadline = Clock::now() + seconds(options_.max_wait_secs);
+  const auto start = Clock::now();
+  const auto deadline = start + seconds(options_.max_wait_secs);
+  auto last_log = start - std::chrono::hours(1);
   while (true) {
     std::error_code ec;
     if (std::filesystem::exists(options_.logdir / kCheckpointStateFile, ec) ||
@@ -334,9 +337,16 @@ void Supervisor::prepare_non_chief(TrainingState& state) {
                              " within max_wait_secs=" + std::to_string(options_.max_wait_secs) +
                              " s; check that the chief replica is running and shares the logdir");
     }
-    LH_LOG(INFO) << "waiting for the chief to initialise the model"
-                 << kv("logdir", options_.logdir.string());
-    auto wait = std::min(deadline - now, seconds(options_.recovery_wait_secs));
+    if (now - last_log >= std::chrono::seconds(30)) {
+      LH_LOG(INFO) << "waiting for the chief to initialise the model"
+                   << kv("logdir", options_.logdir.string());
+      last_log = now;
+    }
+    // Looks again within tens of milliseconds at first (base/poll.h); recovery_wait_secs only
+    // bounds the interval from above, as TensorFlow's poll interval did.
+    const auto interval =
+        std::min<Clock::duration>(poll_interval(now - start), seconds(options_.recovery_wait_secs));
+    auto wait = std::min<Clock::duration>(deadline - now, interval);
     if (coord_.wait_for_stop(std::max(wait, Clock::duration(std::chrono::milliseconds(1))))) {
       throw Cancelled("stop requested while waiting for the chief");
     }

@@ -38,6 +38,8 @@ auto as_data_error(Fn&& fn) {
     return fn();
   } catch (const DataError&) {
     throw;
+  } catch (const Cancelled&) {
+    throw;  // a stop request, not bad data
   } catch (const Error& e) {
     throw DataError(e.code(), e.what());
   }
@@ -141,16 +143,21 @@ TokenizerSpec data_tokenizer(const WorkerConfig& config, const model::GPT2Config
 
 }  // namespace
 
-std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config) {
+std::shared_ptr<const data::TokenDataset> open_train_dataset(
+    const WorkerConfig& config, const std::function<bool()>& stop_requested) {
   return as_data_error([&] {
-    return config.data.train.empty() ? data::embedded_dataset(false)
-                                     : data::TokenDataset::from_glob(config.data.train);
+    return config.data.train.empty()
+               ? data::embedded_dataset(false)
+               : data::TokenDataset::from_glob(config.data.train, stop_requested);
   });
 }
 
-std::shared_ptr<const data::TokenDataset> open_val_dataset(const WorkerConfig& config) {
+std::shared_ptr<const data::TokenDataset> open_val_dataset(
+    const WorkerConfig& config, const std::function<bool()>& stop_requested) {
   return as_data_error([&]() -> std::shared_ptr<const data::TokenDataset> {
-    if (!config.data.val.empty()) return data::TokenDataset::from_glob(config.data.val);
+    if (!config.data.val.empty()) {
+      return data::TokenDataset::from_glob(config.data.val, stop_requested);
+    }
     if (config.data.train.empty()) return data::embedded_dataset(true);
     return nullptr;
   });
@@ -166,7 +173,9 @@ struct RunData {
   std::unique_ptr<data::EvalLoader> val;
 };
 
-RunData open_run_data(const WorkerConfig& config, const RunOptions& options) {
+// `stop_requested` is asked between shards (Cancelled).
+RunData open_run_data(const WorkerConfig& config, const RunOptions& options,
+                      const std::function<bool()>& stop_requested) {
   const auto& t = config.training;
   data::LoaderOptions loader_options{.batch_size = t.batch_size,
                                      .seq_len = t.seq_len,
@@ -175,11 +184,11 @@ RunData open_run_data(const WorkerConfig& config, const RunOptions& options) {
                                      .rank = options.rank,
                                      .world_size = options.world_size};
   RunData d;
-  d.train_set = open_train_dataset(config);
+  d.train_set = open_train_dataset(config, stop_requested);
   d.train = as_data_error(
       [&] { return std::make_unique<data::DataLoader>(d.train_set, loader_options); });
   if (config.eval.every_steps > 0) {
-    if (auto val_set = open_val_dataset(config)) {
+    if (auto val_set = open_val_dataset(config, stop_requested)) {
       d.val = as_data_error([&] {
         return std::make_unique<data::EvalLoader>(val_set, loader_options, config.eval.batches);
       });
@@ -540,7 +549,14 @@ RunResult run_training(const RunOptions& options) {
 
   // 1. Model shape and device (config errors). 2. Data (exit 3 on any problem).
   const model::GPT2Config model_config = model_config_for(config);
-  RunData data = open_run_data(config, options);
+  RunData data;
+  try {
+    data = open_run_data(config, options,
+                         [signals] { return signals != nullptr && signals->stop_requested(); });
+  } catch (const Cancelled&) {
+    if (stopped_during_start_up("opening the data")) return result;
+    throw;
+  }
   if (stopped_during_start_up("opening the data")) return result;
 
   // 3. Model and trainer.

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,7 +37,10 @@ namespace longhaul::data {
 class TokenDataset {
  public:
   // Maps every file the glob matches, sorted by name. Throws what expand_glob/TokenShard throw.
-  static std::shared_ptr<const TokenDataset> from_glob(std::string_view pattern);
+  // `stop_requested` is asked before each shard (a glob may name thousands of shards on a slow
+  // filesystem); when it says true, Cancelled is thrown and nothing stays mapped.
+  static std::shared_ptr<const TokenDataset> from_glob(
+      std::string_view pattern, const std::function<bool()>& stop_requested = {});
   // Holds `tokens` in memory as one part called `name`.
   static std::shared_ptr<const TokenDataset> from_tokens(std::string name,
                                                          std::vector<uint16_t> tokens);

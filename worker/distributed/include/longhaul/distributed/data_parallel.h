@@ -17,7 +17,8 @@
 // broadcast_state: rank 0 snapshots its TrainingState (parameters, optimizer moments, step,
 // data position and every other metadata entry a checkpoint holds) and every other rank
 // restores it from memory, so all ranks continue bit-identically whatever each found in the
-// logdir. Rank 0 first sends its tensor list; when a rank's model has another shape, every rank
+// logdir. The tensors travel packed into chunks of up to 64 MiB (one collective per chunk, not
+// one per tensor; a larger tensor travels alone). Rank 0 first sends its tensor list; when a rank's model has another shape, every rank
 // throws InvalidArgument (the odd rank names the first differing tensor, the others name the odd
 // rank): a config mismatch between replicas, which no restart fixes.
 //

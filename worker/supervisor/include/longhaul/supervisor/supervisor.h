@@ -50,7 +50,8 @@
 //      throw Aborted saying so and naming the latest committed checkpoint: never a clean end.
 // On a non-chief: wait until the chief has initialised or restored the model (the logdir holds
 // a checkpoint state file or the `chief.ready` marker the chief writes after step 2), polling
-// every recovery_wait_secs, DeadlineExceeded after max_wait_secs; then restore the latest valid
+// within tens of milliseconds at first and never less often than every recovery_wait_secs
+// (base/poll.h), DeadlineExceeded after max_wait_secs; then restore the latest valid
 // checkpoint or initialize() (the distributed layer then broadcasts the chief's weights), run
 // local_init_fn and the readiness check, and run body. Non-chiefs write no checkpoint or event.
 //
@@ -98,7 +99,7 @@ struct SupervisorOptions {
   std::string checkpoint_basename = "model.ckpt";
   double save_model_secs = 600;      // checkpoint service interval; 0 disables it
   double save_summaries_secs = 120;  // summary service + step counter interval; 0 disables
-  double recovery_wait_secs = 30;    // non-chief poll interval
+  double recovery_wait_secs = 30;    // non-chief: the longest interval between two looks
   double stop_grace_secs = 120;      // time services get to stop once a stop is requested
   double max_wait_secs = 7200;       // non-chief gives up waiting for the chief after this
   int max_to_keep = 5;               // 0 keeps every checkpoint

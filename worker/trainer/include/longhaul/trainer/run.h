@@ -111,8 +111,11 @@ struct RunResult {
 RunResult run_training(const RunOptions& options);
 
 // The train/val datasets the config names (globs, or the embedded demo corpus). Throws
-// DataError naming the file or glob.
-std::shared_ptr<const data::TokenDataset> open_train_dataset(const WorkerConfig& config);
-std::shared_ptr<const data::TokenDataset> open_val_dataset(const WorkerConfig& config);
+// DataError naming the file or glob, Cancelled when `stop_requested` says true between two
+// shards.
+std::shared_ptr<const data::TokenDataset> open_train_dataset(
+    const WorkerConfig& config, const std::function<bool()>& stop_requested = {});
+std::shared_ptr<const data::TokenDataset> open_val_dataset(
+    const WorkerConfig& config, const std::function<bool()>& stop_requested = {});
 
 }  // namespace longhaul::trainer
