@@ -242,13 +242,26 @@ std::optional<ProgressSample> parse_termination_message(std::string_view message
   return s;
 }
 
+namespace {
+
+// obj[key] when it is a string; "" when absent, null (an unset time, as the API server writes
+// it) or of another type.
+std::string string_field(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
 std::optional<TerminatedProgress> terminated_progress(const json& pod) {
   if (!pod.is_object()) return std::nullopt;
   const json status = pod.value("status", json::object());
   if (!status.is_object()) return std::nullopt;
   const auto statuses = status.find("containerStatuses");
   if (statuses == status.end() || !statuses->is_array()) return std::nullopt;
-  const std::string name = pod.value("metadata", json::object()).value("name", "");
+  const auto metadata = pod.find("metadata");
+  const std::string name =
+      metadata != pod.end() && metadata->is_object() ? string_field(*metadata, "name") : "";
   for (const json& c : *statuses) {
     if (!c.is_object()) continue;
     const json state = c.value("state", json::object());
@@ -260,8 +273,8 @@ std::optional<TerminatedProgress> terminated_progress(const json& pod) {
     auto sample = parse_termination_message(message->get<std::string>());
     if (!sample) continue;
     sample->pod = name;
-    return TerminatedProgress{*sample, name + "/" + c.value("name", std::string()) + "@" +
-                                           terminated->value("finishedAt", std::string())};
+    return TerminatedProgress{*sample, name + "/" + string_field(c, "name") + "@" +
+                                           string_field(*terminated, "finishedAt")};
   }
   return std::nullopt;
 }

@@ -562,6 +562,13 @@ TEST(TerminationMessageTest, IsFoundInTheTerminatedContainersStatus) {
   EXPECT_EQ(t->sample.pod, "j-chief-0");
   EXPECT_EQ(t->termination, "j-chief-0/trainer@2026-11-21T13:10:01Z");
   EXPECT_EQ(terminated_progress(kRunningChief), std::nullopt);
+  // Found on the real API server: an unset time is null there (startedAt, finishedAt), and a
+  // reconcile failed on it.
+  json unset = terminated_chief(kFinalMessage, "");
+  unset["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = nullptr;
+  unset["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"] = nullptr;
+  ASSERT_NO_THROW(terminated_progress(unset));
+  EXPECT_EQ(terminated_progress(unset)->termination, "j-chief-0/trainer@");
   EXPECT_EQ(terminated_progress(terminated_chief("Error: boom", "2026-11-21T13:10:01Z")),
             std::nullopt);
 }
