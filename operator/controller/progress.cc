@@ -176,6 +176,11 @@ std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
     // A chief at step 0 without a checkpoint has not restored yet (a restarted incarnation
     // serves its metrics before its session starts): never a step back to 0 over a recorded one.
     if (sample.step == 0 && sample.last_checkpoint_unix == 0) return std::nullopt;
+    // The recorded progress already shows this step: it has been the step since then (a
+    // tracker that starts afresh, after an operator restart, first sees it now).
+    if (sample.step == status.progress->step && !status.progress->last_step_time.empty()) {
+      next.last_step_time = status.progress->last_step_time;
+    }
     next.observed_time = status.progress->observed_time;
     if (next == *status.progress) return std::nullopt;
     // An observedTime further in the future than one interval was written by a clock that was

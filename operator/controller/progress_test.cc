@@ -506,6 +506,28 @@ TEST(ProgressTrackerTest, RateAndEtaComeFromTwoReadsAndAStalledChiefCostsOneChan
   EXPECT_EQ(st, stalled) << "a stalled chief must cost no status writes";
 }
 
+// Zero writes at rest across an operator restart: the new tracker has no previous read, and the
+// first read of a stalled chief must not move lastStepTime (nor write anything).
+TEST(ProgressTrackerTest, AnOperatorRestartDoesNotTouchAStalledJobsProgress) {
+  FakeChief chief;
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  {
+    ProgressTracker before(options_for(chief));
+    before.track("ns/j", &kRunningChief, 30s, st, now);
+    ASSERT_TRUE(before.wait_idle(10s));
+    before.track("ns/j", &kRunningChief, 30s, st, now);
+  }
+  ASSERT_TRUE(st.progress);
+  const api::TrainingJobStatus recorded = st;
+  now += std::chrono::hours(2);
+  ProgressTracker after(options_for(chief));
+  after.track("ns/j", &kRunningChief, 30s, st, now);
+  ASSERT_TRUE(after.wait_idle(10s));
+  after.track("ns/j", &kRunningChief, 30s, st, now);
+  EXPECT_EQ(st, recorded);
+}
+
 TEST(ProgressEtaTest, ReadsLikeADuration) {
   auto eta_for = [](int64_t left, double rate) {
     api::TrainingJobStatus st;
