@@ -185,8 +185,12 @@ std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
     if (next == *status.progress) return std::nullopt;
     // An observedTime further in the future than one interval was written by a clock that was
     // wrong (another operator replica before a leader change): it does not hold changes back.
+    // Nor does a recorded step 0 without a checkpoint (a new job's chief before its first
+    // step): the first real progress is shown at once, one write more per job at most.
+    const bool recorded_start =
+        status.progress->step == 0 && status.progress->last_checkpoint_time.empty();
     if (auto last = api::parse_time_or_null(status.progress->observed_time);
-        last && *last <= now + interval) {
+        last && *last <= now + interval && !recorded_start) {
       const api::Time allowed = *last + interval + std::chrono::seconds(1);
       if (now < allowed) {
         return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(allowed - now));
@@ -499,7 +503,10 @@ void ProgressTracker::scrape_loop() {
         changed = e.sample != sample;
         e.sample = sample;
         e.sample_time = read.when;
-        e.failures = 0;
+        // A chief at step 0 without a checkpoint has not started training (loading its data and
+        // model, or a restarted one not restored yet): read it again soon, as after a failure.
+        const bool started = sample->step > 0 || sample->last_checkpoint_unix > 0;
+        e.failures = started ? 0 : e.failures + 1;
         if (e.chief != answered) {
           LH_LOG(INFO) << "reading the training progress from the pod that holds the chief role"
                        << kv("job", read.key) << kv("pod", answered->pod)

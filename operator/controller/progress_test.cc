@@ -722,6 +722,44 @@ TEST(ProgressTrackerTest, AFailedReadIsRetriedSoonNotAWholeIntervalLater) {
   EXPECT_EQ(st.progress->steps, "1200/5000");
 }
 
+// A job shorter than one interval showed "0/N" (the chief up, loading) until it ended: the next
+// read came a whole interval later, and its change waited out the interval after the 0.
+TEST(ProgressTrackerTest, AChiefNotTrainingYetIsReadAgainSoonAndItsFirstStepShowsAtOnce) {
+  FakeChief chief;
+  auto serve = [&](int64_t step) {
+    std::lock_guard lock(chief.mu);
+    chief.exposition =
+        "longhaul_train_global_step " + std::to_string(step) + "\nlonghaul_train_max_steps 160\n";
+  };
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  auto reconcile = [&] {
+    tracker.track("ns/j", &kRunningChief, 30s, st, now);
+    EXPECT_TRUE(tracker.wait_idle(10s));
+    return tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  };
+  serve(0);
+  EXPECT_EQ(reconcile(), 1000ms) << "step 0: read again in a second";
+  EXPECT_EQ(st.progress->steps, "0/160");
+  now += 1s;
+  serve(0);
+  EXPECT_EQ(reconcile(), 2000ms);
+  now += 2s;
+  serve(9);
+  EXPECT_EQ(reconcile(), 30000ms) << "training: back to one read per interval";
+  EXPECT_EQ(st.progress->steps, "9/160") << "the first step replaces the 0 at once";
+  EXPECT_EQ(st.progress->observed_time, "2026-11-21T13:00:03Z");
+  // From here on the rate limit holds as ever.
+  now += 30s;
+  serve(99);
+  reconcile();
+  EXPECT_EQ(st.progress->steps, "9/160");
+  now += 1s;
+  reconcile();
+  EXPECT_EQ(st.progress->steps, "99/160");
+}
+
 // ---- fetch_metrics against real sockets
 
 TEST(FetchMetricsTest, ReadsTheBodyOfA200) {
