@@ -39,11 +39,12 @@
 //
 // Failed reads: a read that fails (a chief that has just started and does not listen yet, an
 // unreachable pod) is retried after retry_initial, doubled per consecutive failure, at most one
-// interval: the tracker calls `on_update` to have the job reconciled and track() asks to come
-// back after the retry delay. A failure changes nothing in the status (no write). A chief that
-// answers step 0 without a checkpoint (it has not started training yet) is read again on the
-// same schedule, and the first real step replaces a recorded step 0 at once (apply_progress), so
-// a job shorter than one interval shows its progress while it runs too.
+// interval: at the first failure of a streak the tracker calls `on_update` to have the job
+// reconciled, and track() asks to come back after the retry delay. A failure changes nothing in
+// the status (no write). A chief that answers step 0 without a checkpoint (it has not started
+// training yet) is read again on the same schedule, and the first real step replaces a recorded
+// step 0 at once (apply_progress), so a job shorter than one interval shows its progress while
+// it runs too.
 //
 // Writes: apply_progress() changes status.progress at most once per progressIntervalSeconds
 // (judged from status.progress.observedTime, so it survives operator restarts) and only when a
@@ -119,11 +120,13 @@ std::string fetch_metrics(const MetricsEndpoint& endpoint, std::chrono::millisec
 // The rate limit. Makes `status.progress` say `sample`, unless it already does (values equal:
 // returns nullopt, changes nothing) or it changed less than `interval` ago: then it changes
 // nothing and returns how long until it may (status times have second precision, so that is
-// observedTime + interval + 1 s, which keeps two writes at least `interval` apart). A recorded
-// step 0 without a checkpoint (a new job's chief before its first step) holds nothing back. A
-// change stamps observedTime = now. A sample of step 0 without a checkpoint (a restarted chief that
-// has not restored yet) never replaces a recorded progress; it is shown only for a new job. An
-// observedTime more than `interval` ahead of `now` (a skewed clock) holds nothing back.
+// observedTime + interval + 1 s, which keeps two writes at least `interval` apart). A change
+// stamps observedTime = now. A sample of step 0 without a checkpoint (a restarted chief that has
+// not restored yet) never replaces a recorded progress; it is shown only for a new job, and such
+// a recorded step 0 holds nothing back (the first real step shows at once). A sample of the
+// recorded step keeps the recorded lastStepTime (a fresh tracker sees that step for the first
+// time, the status knows better). An observedTime more than `interval` ahead of `now` (a skewed
+// clock) holds nothing back.
 std::optional<std::chrono::milliseconds> apply_progress(api::TrainingJobStatus& status,
                                                         const ProgressSample& sample,
                                                         std::chrono::seconds interval,
