@@ -449,7 +449,11 @@ TrainingProgress parse_progress(const json& v) {
                           lenient<std::string>(v, "lastCheckpointTime", ""),
                           lenient<std::string>(v, "observedTime", ""),
                           lenient<std::string>(v, "steps", ""),
-                          lenient<std::string>(v, "pod", "")};
+                          lenient<std::string>(v, "pod", ""),
+                          lenient<double>(v, "stepsPerSecond", 0.0),
+                          lenient<std::string>(v, "eta", ""),
+                          lenient<std::string>(v, "estimatedCompletionTime", ""),
+                          lenient<std::string>(v, "lastStepTime", "")};
 }
 
 // Per-pod records, compactly: pods "<prefix>-<index>" with equal records share one key
@@ -499,6 +503,12 @@ json progress_json(const TrainingProgress& p) {
   if (!p.observed_time.empty()) j["observedTime"] = p.observed_time;
   if (!p.steps.empty()) j["steps"] = p.steps;
   if (!p.pod.empty()) j["pod"] = p.pod;
+  if (p.steps_per_second > 0) j["stepsPerSecond"] = p.steps_per_second;
+  if (!p.eta.empty()) j["eta"] = p.eta;
+  if (!p.estimated_completion_time.empty()) {
+    j["estimatedCompletionTime"] = p.estimated_completion_time;
+  }
+  if (!p.last_step_time.empty()) j["lastStepTime"] = p.last_step_time;
   return j;
 }
 

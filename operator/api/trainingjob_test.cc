@@ -401,12 +401,17 @@ TEST(Status, RoundTripsThroughJson) {
   s.pod_statuses = {{"job-worker-0", "Running", ""}, {"job-worker-2", "Pending", "NotCreated"}};
   s.pod_statuses_omitted = 1;
   s.progress = TrainingProgress{
-      1200, 5000, 1000, "2026-11-21T12:59:00Z", "2026-11-21T13:00:06Z", "1200/5000"};
+      1200,           5000, 1000,     "2026-11-21T12:59:00Z", "2026-11-21T13:00:06Z", "1200/5000",
+      "job-worker-0", 2.41, "26m16s", "2026-11-21T13:26:21Z", "2026-11-21T13:00:05Z"};
   set_condition(s, condition::kRunning, "True", reason::kAllReplicasRunning, "",
                 parse_time("2026-11-21T13:00:05Z"));
   const json j = to_json(s);
   EXPECT_EQ(j["progress"]["steps"], "1200/5000");
   EXPECT_EQ(j["progress"]["lastCheckpointTime"], "2026-11-21T12:59:00Z");
+  EXPECT_EQ(j["progress"]["stepsPerSecond"], 2.41);
+  EXPECT_EQ(j["progress"]["eta"], "26m16s");
+  EXPECT_EQ(j["progress"]["estimatedCompletionTime"], "2026-11-21T13:26:21Z");
+  EXPECT_EQ(j["progress"]["lastStepTime"], "2026-11-21T13:00:05Z");
   EXPECT_EQ(j["replicaStatuses"]["Worker"]["ready"], 1);
   EXPECT_EQ(j["replicaStatuses"]["Worker"]["replicas"], 3);
   EXPECT_EQ(j["unsettledPods"]["job-worker-[0]"]["restartAttempt"], 3);

@@ -116,6 +116,15 @@ TEST(TrimCachedPodTest, ReadersDecideTheSameOnTrimmedPods) {
        {"conditions",
         {{{"type", "DisruptionTarget"}, {"status", "True"}, {"reason", "PreemptionByScheduler"}}}}},
       {{"phase", "Succeeded"}},
+      // The worker's final progress (progress.h reads it from the terminated container).
+      {{"phase", "Succeeded"},
+       {"containerStatuses",
+        {{{"name", "trainer"},
+          {"state",
+           {{"terminated",
+             {{"exitCode", 0},
+              {"finishedAt", "2026-11-21T13:00:04Z"},
+              {"message", R"({"step":1500,"maxSteps":1500,"chief":true})"}}}}}}}}},
   };
   api::ReplicaSpec replica;
   replica.restart_policy = api::RestartPolicy::kOnFailure;
@@ -134,6 +143,7 @@ TEST(TrimCachedPodTest, ReadersDecideTheSameOnTrimmedPods) {
     EXPECT_EQ(disruption_reason(pod), disruption_reason(t));
     EXPECT_EQ(failed_container(pod), failed_container(t));
     EXPECT_EQ(metrics_endpoint(pod), metrics_endpoint(t));
+    EXPECT_EQ(terminated_progress(pod), terminated_progress(t));
     EXPECT_EQ(controlled_by_job(pod, "job-uid", "j"), controlled_by_job(t, "job-uid", "j"));
     for (auto p :
          {api::CleanPodPolicy::kAll, api::CleanPodPolicy::kRunning, api::CleanPodPolicy::kNone}) {
@@ -144,6 +154,9 @@ TEST(TrimCachedPodTest, ReadersDecideTheSameOnTrimmedPods) {
   }
   EXPECT_EQ(metrics_endpoint(trimmed(served_pod(statuses[1]))),
             (MetricsEndpoint{"10.0.0.7", 9400, "j-worker-0"}));
+  const auto final_progress = terminated_progress(trimmed(served_pod(statuses[6])));
+  ASSERT_TRUE(final_progress);
+  EXPECT_EQ(final_progress->sample.step, 1500);
 }
 
 // The reconciler reading pods through a view that serves them as the operator's cache does

@@ -2,22 +2,16 @@
 #include "longhaul/controller/progress.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
-
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/controller/prometheus_text.h"
+#include "longhaul/kube/cpprest_transport.h"
+#include "longhaul/kube/http_client.h"
 
 namespace longhaul::controller {
 
@@ -35,38 +29,6 @@ constexpr std::string_view kCheckpointStep = "longhaul_checkpoint_last_step";
 constexpr std::string_view kCheckpointTime = "longhaul_checkpoint_last_timestamp_seconds";
 constexpr std::string_view kIsChief = "longhaul_worker_is_chief";
 
-// One sample line "name{labels} value [timestamp]" -> (name, value); nullopt when malformed.
-std::optional<std::pair<std::string_view, double>> parse_sample(std::string_view line) {
-  size_t i = 0;
-  while (i < line.size() &&
-         (std::isalnum(static_cast<unsigned char>(line[i])) || line[i] == '_' || line[i] == ':')) {
-    ++i;
-  }
-  if (i == 0) return std::nullopt;
-  const std::string_view name = line.substr(0, i);
-  if (i < line.size() && line[i] == '{') {
-    bool quoted = false;
-    for (++i; i < line.size(); ++i) {
-      if (quoted && line[i] == '\\') {
-        ++i;  // an escaped character inside a label value
-      } else if (line[i] == '"') {
-        quoted = !quoted;
-      } else if (!quoted && line[i] == '}') {
-        break;
-      }
-    }
-    if (i >= line.size()) return std::nullopt;
-    ++i;
-  }
-  while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-  const std::string value(line.substr(i, line.find_first_of(" \t", i) - i));
-  if (value.empty()) return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(value.c_str(), &end);
-  if (end != value.c_str() + value.size()) return std::nullopt;
-  return std::make_pair(name, v);
-}
-
 // A non-negative finite value as an integer; nullopt otherwise.
 std::optional<int64_t> count(double v) {
   if (!std::isfinite(v) || v < 0 || v > 9.0e18) return std::nullopt;
@@ -76,24 +38,8 @@ std::optional<int64_t> count(double v) {
 }  // namespace
 
 std::optional<ProgressSample> parse_progress_metrics(std::string_view text) {
-  std::map<std::string_view, double> first;  // the first sample of each wanted metric
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || line[0] == '#') continue;
-    auto sample = parse_sample(line);
-    if (!sample) continue;
-    const auto& [name, value] = *sample;
-    if (name != kGlobalStep && name != kMaxSteps && name != kCheckpointStep &&
-        name != kCheckpointTime && name != kIsChief) {
-      continue;
-    }
-    first.emplace(name, value);
-  }
+  const auto first =
+      first_samples(text, {kGlobalStep, kMaxSteps, kCheckpointStep, kCheckpointTime, kIsChief});
   auto get = [&](std::string_view name) -> std::optional<int64_t> {
     auto it = first.find(name);
     return it == first.end() ? std::nullopt : count(it->second);
@@ -136,154 +82,115 @@ std::optional<MetricsEndpoint> metrics_endpoint(const json& pod) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// One HTTP/1.0 GET with a deadline for the whole exchange
-
-namespace {
-
-// A non-blocking TCP connection whose every step shares one deadline. Errors are Unavailable
-// naming `where` ("reading the chief's progress from http://10.0.0.7:9090/metrics: ...").
-class DeadlineConnection {
- public:
-  DeadlineConnection(std::string where, milliseconds timeout)
-      : where_(std::move(where)),
-        timeout_(timeout),
-        deadline_(std::chrono::steady_clock::now() + timeout) {}
-  ~DeadlineConnection() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  DeadlineConnection(const DeadlineConnection&) = delete;
-  DeadlineConnection& operator=(const DeadlineConnection&) = delete;
-
-  Unavailable fail(const std::string& what) const {
-    return Unavailable("reading the chief's progress from " + where_ + ": " + what);
-  }
-
-  // Connects to the numeric `host`:`port`.
-  void connect(const std::string& host, int port) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    const std::string service = std::to_string(port);
-    if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-      throw fail(std::string("not an IP address: ") + ::gai_strerror(rc));
-    }
-    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, ::freeaddrinfo);
-    fd_ = ::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) throw fail(std::string("socket: ") + std::strerror(errno));
-    if (::connect(fd_, found->ai_addr, found->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) throw fail(std::string("connect: ") + std::strerror(errno));
-      wait(POLLOUT);
-      int error = 0;
-      socklen_t len = sizeof error;
-      ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len);
-      if (error != 0) throw fail(std::string("connect: ") + std::strerror(error));
-    }
-  }
-
-  void send(const std::string& data) {
-    for (size_t sent = 0; sent < data.size();) {
-      wait(POLLOUT);
-      const ssize_t n = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && errno != EAGAIN && errno != EINTR) {
-        throw fail(std::string("send: ") + std::strerror(errno));
-      }
-      if (n > 0) sent += static_cast<size_t>(n);
-    }
-  }
-
-  // Everything until the peer closes, at most `max_bytes`.
-  std::string read_all(size_t max_bytes) {
-    std::string reply;
-    char buf[16384];
-    for (;;) {
-      wait(POLLIN);
-      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n == 0) return reply;
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EINTR) continue;
-        throw fail(std::string("recv: ") + std::strerror(errno));
-      }
-      reply.append(buf, static_cast<size_t>(n));
-      if (reply.size() > max_bytes) {
-        throw fail("answer larger than " + std::to_string(max_bytes >> 20) + " MiB");
-      }
-    }
-  }
-
- private:
-  // Until `events` are ready on the socket; throws once the deadline passed.
-  void wait(short events) {
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<milliseconds>(deadline_ - std::chrono::steady_clock::now());
-      if (left <= milliseconds(0)) {
-        throw fail("no answer within " + std::to_string(timeout_.count()) + " ms");
-      }
-      pollfd pfd{fd_, events, 0};
-      const int n = ::poll(&pfd, 1, static_cast<int>(left.count()) + 1);
-      if (n > 0) return;
-      if (n < 0 && errno != EINTR) throw fail(std::string("poll: ") + std::strerror(errno));
-    }
-  }
-
-  std::string where_;
-  milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
-  int fd_ = -1;
-};
-
-}  // namespace
+// One GET, through the operator's HTTP client (kube/http_transport.h over cpprestsdk)
 
 std::string fetch_metrics(const MetricsEndpoint& endpoint, milliseconds timeout) {
   const bool v6 = endpoint.host.find(':') != std::string::npos;
-  const std::string host_port =
-      (v6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" + std::to_string(endpoint.port);
-  DeadlineConnection connection("http://" + host_port + "/metrics", timeout);
-  connection.connect(endpoint.host, endpoint.port);
-  connection.send("GET /metrics HTTP/1.0\r\nHost: " + host_port +
-                  "\r\nAccept: text/plain\r\nUser-Agent: longhaul-operator\r\n\r\n");
-  const std::string reply = connection.read_all(16u << 20);
-  // "HTTP/1.x 200 OK\r\n<headers>\r\n\r\n<body>"
-  if (reply.size() < 12 || reply.compare(0, 5, "HTTP/") != 0) {
-    throw connection.fail("not an HTTP answer");
+  const std::string base = "http://" + (v6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" +
+                           std::to_string(endpoint.port);
+  const std::string where = "reading the chief's progress from " + base + "/metrics: ";
+  kube::HttpResponse response;
+  try {
+    kube::CpprestTransportOptions options;
+    options.server = base;
+    options.request_timeout = timeout;
+    options.unreachable_hint = "is the pod running and serving its metrics port?";
+    kube::CpprestTransport transport(options);
+    response = transport.request(
+        kube::HttpRequest{"GET",
+                          "/metrics",
+                          {{"Accept", "text/plain"}, {"User-Agent", kube::default_user_agent()}},
+                          "",
+                          {}});
+  } catch (const Error& e) {
+    throw Unavailable(where + e.what());
   }
-  const size_t space = reply.find(' ');
-  const int status = space == std::string::npos ? 0 : std::atoi(reply.c_str() + space + 1);
-  if (status != 200) throw connection.fail("HTTP status " + std::to_string(status));
-  const size_t header_end = reply.find("\r\n\r\n");
-  if (header_end == std::string::npos) throw connection.fail("the answer has no end of headers");
-  return reply.substr(header_end + 4);
+  if (response.status != 200) {
+    throw Unavailable(where + "HTTP status " + std::to_string(response.status));
+  }
+  return std::move(response.body);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The rate limit
 
-std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
-                                           const ProgressSample& sample,
-                                           std::chrono::seconds interval, api::Time now) {
+namespace {
+
+// "3d04h", "2h05m", "26m16s", "40s".
+std::string format_eta(int64_t seconds) {
+  char buf[48];
+  if (seconds >= 86400) {
+    std::snprintf(buf, sizeof buf, "%lldd%02lldh", static_cast<long long>(seconds / 86400),
+                  static_cast<long long>(seconds % 86400 / 3600));
+  } else if (seconds >= 3600) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(seconds / 3600),
+                  static_cast<long long>(seconds % 3600 / 60));
+  } else if (seconds >= 60) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(seconds / 60),
+                  static_cast<long long>(seconds % 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(seconds));
+  }
+  return buf;
+}
+
+std::string format_unix(int64_t seconds) {
+  return api::format_time(api::Time(std::chrono::seconds(seconds)));
+}
+
+// What status.progress says for `sample` (observedTime left empty).
+api::TrainingProgress progress_of(const ProgressSample& sample) {
   api::TrainingProgress next;
   next.step = sample.step;
   next.max_steps = sample.max_steps;
   if (sample.last_checkpoint_unix > 0) {
     next.last_checkpoint_step = sample.last_checkpoint_step;
-    next.last_checkpoint_time =
-        api::format_time(api::Time(std::chrono::seconds(sample.last_checkpoint_unix)));
+    next.last_checkpoint_time = format_unix(sample.last_checkpoint_unix);
   }
   next.steps = std::to_string(sample.step) +
                (sample.max_steps > 0 ? "/" + std::to_string(sample.max_steps) : std::string());
   next.pod = sample.pod;
+  if (sample.steps_per_second > 0) next.steps_per_second = sample.steps_per_second;
+  if (sample.eta_seconds > 0) next.eta = format_eta(sample.eta_seconds);
+  if (sample.completion_unix > 0) {
+    next.estimated_completion_time = format_unix(sample.completion_unix);
+  }
+  if (sample.last_step_unix > 0) next.last_step_time = format_unix(sample.last_step_unix);
+  return next;
+}
+
+// `x` rounded to 3 significant digits (a rate that jitters in the 4th digit is not a change).
+double three_digits(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return 0;
+  const double scale = std::pow(10.0, 2 - std::floor(std::log10(x)));
+  return std::round(x * scale) / scale;
+}
+
+}  // namespace
+
+std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
+                                           const ProgressSample& sample,
+                                           std::chrono::seconds interval, api::Time now) {
+  api::TrainingProgress next = progress_of(sample);
   if (status.progress) {
     // A chief at step 0 without a checkpoint has not restored yet (a restarted incarnation
     // serves its metrics before its session starts): never a step back to 0 over a recorded one.
     if (sample.step == 0 && sample.last_checkpoint_unix == 0) return std::nullopt;
+    // The recorded progress already shows this step: it has been the step since then (a
+    // tracker that starts afresh, after an operator restart, first sees it now).
+    if (sample.step == status.progress->step && !status.progress->last_step_time.empty()) {
+      next.last_step_time = status.progress->last_step_time;
+    }
     next.observed_time = status.progress->observed_time;
     if (next == *status.progress) return std::nullopt;
     // An observedTime further in the future than one interval was written by a clock that was
     // wrong (another operator replica before a leader change): it does not hold changes back.
+    // Nor does a recorded step 0 without a checkpoint (a new job's chief before its first
+    // step): the first real progress is shown at once, one write more per job at most.
+    const bool recorded_start =
+        status.progress->step == 0 && status.progress->last_checkpoint_time.empty();
     if (auto last = api::parse_time_or_null(status.progress->observed_time);
-        last && *last <= now + interval) {
+        last && *last <= now + interval && !recorded_start) {
       const api::Time allowed = *last + interval + std::chrono::seconds(1);
       if (now < allowed) {
         return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(allowed - now));
@@ -292,6 +199,92 @@ std::optional<milliseconds> apply_progress(api::TrainingJobStatus& status,
   }
   next.observed_time = api::format_time(now);
   status.progress = std::move(next);
+  return std::nullopt;
+}
+
+bool apply_final_progress(api::TrainingJobStatus& status, const ProgressSample& sample,
+                          api::Time now) {
+  api::TrainingProgress next = progress_of(sample);
+  if (status.progress) {
+    if (sample.step == 0 && sample.last_checkpoint_unix == 0) return false;
+    next.observed_time = status.progress->observed_time;
+    if (next == *status.progress) return false;
+  }
+  next.observed_time = api::format_time(now);
+  status.progress = std::move(next);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Termination messages
+
+std::optional<ProgressSample> parse_termination_message(std::string_view message) {
+  const json j = json::parse(message, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  auto integer = [&](const char* key) -> std::optional<int64_t> {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0) return std::nullopt;
+    return it->get<int64_t>();
+  };
+  auto unix_time = [&](const char* key) -> int64_t {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) return 0;
+    const auto t = api::parse_time_or_null(it->get<std::string>());
+    return t ? std::chrono::duration_cast<std::chrono::seconds>(t->time_since_epoch()).count() : 0;
+  };
+  const auto step = integer("step");
+  if (!step) return std::nullopt;
+  ProgressSample s;
+  s.step = *step;
+  s.max_steps = integer("maxSteps").value_or(0);
+  if (const int64_t when = unix_time("lastCheckpointTime"); when > 0) {
+    s.last_checkpoint_unix = when;
+    s.last_checkpoint_step = integer("lastCheckpointStep").value_or(0);
+  }
+  s.last_step_unix = unix_time("lastStepTime");
+  if (const auto rate = j.find("stepsPerSecond"); rate != j.end() && rate->is_number()) {
+    s.steps_per_second = three_digits(rate->get<double>());
+  }
+  if (const auto chief = j.find("chief"); chief != j.end() && chief->is_boolean()) {
+    s.is_chief = chief->get<bool>() ? 1 : 0;
+  }
+  return s;
+}
+
+namespace {
+
+// obj[key] when it is a string; "" when absent, null (an unset time, as the API server writes
+// it) or of another type.
+std::string string_field(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+std::optional<TerminatedProgress> terminated_progress(const json& pod) {
+  if (!pod.is_object()) return std::nullopt;
+  const json status = pod.value("status", json::object());
+  if (!status.is_object()) return std::nullopt;
+  const auto statuses = status.find("containerStatuses");
+  if (statuses == status.end() || !statuses->is_array()) return std::nullopt;
+  const auto metadata = pod.find("metadata");
+  const std::string name =
+      metadata != pod.end() && metadata->is_object() ? string_field(*metadata, "name") : "";
+  for (const json& c : *statuses) {
+    if (!c.is_object()) continue;
+    const json state = c.value("state", json::object());
+    if (!state.is_object()) continue;
+    const auto terminated = state.find("terminated");
+    if (terminated == state.end() || !terminated->is_object()) continue;
+    const auto message = terminated->find("message");
+    if (message == terminated->end() || !message->is_string()) continue;
+    auto sample = parse_termination_message(message->get<std::string>());
+    if (!sample) continue;
+    sample->pod = name;
+    return TerminatedProgress{*sample, name + "/" + string_field(c, "name") + "@" +
+                                           string_field(*terminated, "finishedAt")};
+  }
   return std::nullopt;
 }
 
@@ -314,10 +307,42 @@ ProgressTracker::~ProgressTracker() {
   for (std::thread& t : threads_) t.join();
 }
 
+namespace {
+
+// How long after a read to start the next: the interval, or after `failures` failed reads in a
+// row the retry delay (retry_initial doubled per failure, at most the interval).
+milliseconds next_read_after(int failures, milliseconds retry_initial,
+                             std::chrono::seconds interval) {
+  if (failures <= 0) return interval;
+  milliseconds delay = retry_initial;
+  for (int i = 1; i < failures && delay < interval; ++i) delay *= 2;
+  return std::min<milliseconds>(delay, interval);
+}
+
+}  // namespace
+
 std::optional<milliseconds> ProgressTracker::track(const std::string& key, const json* chief_pod,
                                                    std::chrono::seconds interval,
                                                    api::TrainingJobStatus& status, api::Time now,
                                                    const std::vector<const json*>& other_pods) {
+  // The chief role's terminated container: its termination message is the exact end.
+  std::optional<TerminatedProgress> terminated;
+  if (chief_pod) {
+    if (auto t = terminated_progress(*chief_pod); t && t->sample.is_chief != 0) terminated = t;
+  }
+  for (const json* pod : other_pods) {
+    if (terminated || pod == nullptr) break;
+    if (auto t = terminated_progress(*pod); t && t->sample.is_chief == 1) terminated = t;
+  }
+  const bool finished = api::is_finished(status);
+  if (finished) {
+    // The job's last word: nothing is read any more, and a termination message (the same one
+    // on every later reconcile) is no change once applied.
+    forget(key);
+    if (terminated) apply_final_progress(status, terminated->sample, now);
+    return std::nullopt;
+  }
+
   const std::optional<MetricsEndpoint> tf_config_chief =
       chief_pod ? metrics_endpoint(*chief_pod) : std::nullopt;
   std::vector<MetricsEndpoint> endpoints;
@@ -334,6 +359,20 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
   bool queued = false;
   {
     std::lock_guard lock(mu_);
+    if (terminated) {
+      // Each termination once (a later read of another pod may move on from it); it replaces
+      // the metrics sample, so an older read is never applied over it.
+      Entry& e = entries_.try_emplace(key).first->second;
+      if (e.id == 0) e.id = next_id_++;
+      if (e.termination != terminated->termination) {
+        e.termination = terminated->termination;
+        if (!status.progress || terminated->sample.step >= status.progress->step) {
+          apply_final_progress(status, terminated->sample, now);
+          e.sample = terminated->sample;
+          e.sample_time.reset();
+        }
+      }
+    }
     if (endpoints.empty()) {
       // No pod to read: keep the newest sample (it may still be written, rate limits
       // permitting) but start nothing.
@@ -341,14 +380,15 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
     } else {
       auto [it, created] = entries_.try_emplace(key);
       Entry& e = it->second;
-      if (created) e.id = next_id_++;
+      if (e.id == 0) e.id = next_id_++;
       if (e.endpoints != endpoints || e.first_is_tf_config_chief != tf_config_chief.has_value()) {
         e.endpoints = endpoints;
         e.first_is_tf_config_chief = tf_config_chief.has_value();
         e.last_attempt.reset();  // a new incarnation of some pod: read at once
       }
+      const milliseconds after = next_read_after(e.failures, options_.retry_initial, interval);
       if (!e.in_flight &&
-          (!e.last_attempt || now - *e.last_attempt >= interval || now < *e.last_attempt)) {
+          (!e.last_attempt || now - *e.last_attempt >= after || now < *e.last_attempt)) {
         e.in_flight = true;
         e.last_attempt = now;
         // The pod that last said it is the chief first, then the rest in rank order.
@@ -359,11 +399,11 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
         for (const auto& ep : endpoints) {
           if (order.empty() || !(ep == order.front())) order.push_back(ep);
         }
-        queue_.push_back(Read{key, e.id, std::move(order), tf_config_chief});
+        queue_.push_back(Read{key, e.id, now, std::move(order), tf_config_chief});
         queued = true;
       }
       wait = std::max(milliseconds(1),
-                      std::chrono::duration_cast<milliseconds>(*e.last_attempt + interval - now));
+                      std::chrono::duration_cast<milliseconds>(*e.last_attempt + after - now));
       sample = e.sample;
     }
   }
@@ -374,6 +414,32 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
     }
   }
   return wait;
+}
+
+void ProgressTracker::derive_rate(const Entry& e, api::Time when, ProgressSample& s) {
+  const int64_t at =
+      std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+  const bool same_pod = e.sample && e.sample_time && e.sample->pod == s.pod;
+  if (!same_pod || s.step < e.sample->step) {
+    // The first read of this pod, or a step back (the chief restored an older checkpoint).
+    s.last_step_unix = s.step > 0 ? at : 0;
+    return;
+  }
+  const ProgressSample& prev = *e.sample;
+  if (s.step == prev.step) {
+    s.last_step_unix = prev.last_step_unix;  // not advancing: no rate, no ETA
+    return;
+  }
+  s.last_step_unix = at;
+  const double seconds = std::chrono::duration<double>(when - *e.sample_time).count();
+  if (seconds <= 0) return;
+  const double now_rate = static_cast<double>(s.step - prev.step) / seconds;
+  s.steps_per_second = three_digits(
+      prev.steps_per_second > 0 ? 0.5 * prev.steps_per_second + 0.5 * now_rate : now_rate);
+  if (s.steps_per_second > 0 && s.max_steps > s.step) {
+    s.eta_seconds = std::llround(static_cast<double>(s.max_steps - s.step) / s.steps_per_second);
+    s.completion_unix = at + s.eta_seconds;
+  }
 }
 
 void ProgressTracker::forget(const std::string& key) {
@@ -427,35 +493,40 @@ void ProgressTracker::scrape_loop() {
     }
 
     lock.lock();
-    --busy_;
-    bool changed = false;
+    bool changed = false, retry = false;
     auto it = entries_.find(read.key);
     if (it != entries_.end() && it->second.id == read.id) {
       Entry& e = it->second;
       e.in_flight = false;
       if (sample) {
+        derive_rate(e, read.when, *sample);
         changed = e.sample != sample;
         e.sample = sample;
-        e.failing = false;
+        e.sample_time = read.when;
+        // A chief at step 0 without a checkpoint has not started training (loading its data and
+        // model, or a restarted one not restored yet): read it again soon, as after a failure.
+        const bool started = sample->step > 0 || sample->last_checkpoint_unix > 0;
+        e.failures = started ? 0 : e.failures + 1;
         if (e.chief != answered) {
           LH_LOG(INFO) << "reading the training progress from the pod that holds the chief role"
                        << kv("job", read.key) << kv("pod", answered->pod)
                        << kv("endpoint", answered->host + ":" + std::to_string(answered->port));
         }
         e.chief = answered;
-      } else if (!e.failing) {
-        e.failing = true;
+      } else if (++e.failures == 1) {
+        retry = true;
         LH_LOG(INFO) << "could not read the chief's training progress; status.progress keeps "
                         "its last value"
                      << kv("job", read.key) << kv("error", error);
       }
     }
-    idle_cv_.notify_all();
-    if (changed && options_.on_update) {
+    if ((changed || retry) && options_.on_update) {
       lock.unlock();
       options_.on_update(read.key);
       lock.lock();
     }
+    --busy_;  // after on_update: wait_idle() covers the whole read, its report included
+    idle_cv_.notify_all();
   }
 }
 

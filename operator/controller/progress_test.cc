@@ -53,49 +53,31 @@ TEST_P(ParseTest, ReadsTheChiefsProgress) {
 
 INSTANTIATE_TEST_SUITE_P(
     Table, ParseTest,
-    ::testing::Values(
-        ParseCase{"WorkerExposition", kWorkerExposition,
-                  ProgressSample{1200, 5000, 1000, 1763730000}},
-        ParseCase{"ChiefRoleGauge",
-                  "longhaul_train_global_step{rank=\"2\"} 7\n"
-                  "longhaul_worker_is_chief{rank=\"2\"} 0\n",
-                  ProgressSample{7, 0, 0, 0, 0}},
-        ParseCase{"BeforeTheFirstCheckpoint",
-                  "longhaul_train_global_step{rank=\"0\"} 7\n"
-                  "longhaul_train_max_steps{rank=\"0\"} 160\n"
-                  "longhaul_checkpoint_last_step{rank=\"0\"} 0\n"
-                  "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} 0\n",
-                  ProgressSample{7, 160, 0, 0}},
-        ParseCase{"AnOlderWorkerWithoutMaxSteps", "longhaul_train_global_step 42\n",
-                  ProgressSample{42, 0, 0, 0}},
-        ParseCase{"NotALonghaulWorker", "# TYPE up gauge\nup 1\nprocess_cpu_seconds_total 3\n",
-                  std::nullopt},
-        ParseCase{"Empty", "", std::nullopt},
-        ParseCase{"ScientificNotationCrlfAndTimestamps",
-                  "longhaul_train_global_step{rank=\"0\"} 1.2e+06 1763730000000\r\n"
-                  "longhaul_train_max_steps{rank=\"0\"} 2e6\r\n",
-                  ProgressSample{1200000, 2000000, 0, 0}},
-        ParseCase{"LabelValuesWithBracesQuotesAndSpaces",
-                  "longhaul_train_global_step{rank=\"0\",note=\"a } \\\" b\"} 9\n",
-                  ProgressSample{9, 0, 0, 0}},
-        ParseCase{"PrefixNamesAreOtherMetrics",
-                  "longhaul_train_global_step_extra 99\nlonghaul_train_global_step 5\n",
-                  ProgressSample{5, 0, 0, 0}},
-        ParseCase{"TheFirstSeriesWins",
-                  "longhaul_train_global_step{rank=\"0\"} 5\n"
-                  "longhaul_train_global_step{rank=\"1\"} 6\n",
-                  ProgressSample{5, 0, 0, 0}},
-        ParseCase{"NaNAndNegativeAreAbsent",
-                  "longhaul_train_global_step 3\nlonghaul_train_max_steps NaN\n"
-                  "longhaul_checkpoint_last_step -1\n"
-                  "longhaul_checkpoint_last_timestamp_seconds 1763730000\n",
-                  ProgressSample{3, 0, 0, 1763730000}},
-        ParseCase{"MalformedLinesAreSkipped",
-                  "longhaul_train_global_step{rank=\"0\" 17\nlonghaul_train_global_step\n"
-                  "longhaul_train_global_step abc\n{} 3\nlonghaul_train_global_step 8\n",
-                  ProgressSample{8, 0, 0, 0}},
-        ParseCase{"AStepThatIsNotANumberIsNoProgress", "longhaul_train_global_step +Inf\n",
-                  std::nullopt}));
+    ::testing::Values(ParseCase{"WorkerExposition", kWorkerExposition,
+                                ProgressSample{1200, 5000, 1000, 1763730000}},
+                      ParseCase{"ChiefRoleGauge",
+                                "longhaul_train_global_step{rank=\"2\"} 7\n"
+                                "longhaul_worker_is_chief{rank=\"2\"} 0\n",
+                                ProgressSample{7, 0, 0, 0, 0}},
+                      ParseCase{"BeforeTheFirstCheckpoint",
+                                "longhaul_train_global_step{rank=\"0\"} 7\n"
+                                "longhaul_train_max_steps{rank=\"0\"} 160\n"
+                                "longhaul_checkpoint_last_step{rank=\"0\"} 0\n"
+                                "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} 0\n",
+                                ProgressSample{7, 160, 0, 0}},
+                      ParseCase{"AnOlderWorkerWithoutMaxSteps", "longhaul_train_global_step 42\n",
+                                ProgressSample{42, 0, 0, 0}},
+                      ParseCase{"NotALonghaulWorker",
+                                "# TYPE up gauge\nup 1\nprocess_cpu_seconds_total 3\n",
+                                std::nullopt},
+                      ParseCase{"Empty", "", std::nullopt},
+                      ParseCase{"NaNAndNegativeAreAbsent",
+                                "longhaul_train_global_step 3\nlonghaul_train_max_steps NaN\n"
+                                "longhaul_checkpoint_last_step -1\n"
+                                "longhaul_checkpoint_last_timestamp_seconds 1763730000\n",
+                                ProgressSample{3, 0, 0, 1763730000}},
+                      ParseCase{"AStepThatIsNotANumberIsNoProgress",
+                                "longhaul_train_global_step +Inf\n", std::nullopt}));
 
 json chief_pod(const std::string& phase, const std::string& ip, const json& ports,
                const std::string& name = "j-chief-0") {
@@ -127,6 +109,9 @@ TEST(MetricsEndpointTest, IsTheRunningChiefsPortNamedMetrics) {
 // ---- the rate limit, on a fake clock
 
 api::Time at(const char* rfc3339) { return api::parse_time(rfc3339); }
+int64_t unix_of(const char* rfc3339) {
+  return std::chrono::duration_cast<std::chrono::seconds>(at(rfc3339).time_since_epoch()).count();
+}
 
 TEST(ApplyProgressTest, WritesTheSampleOnceWithTheStepColumnAndCheckpointTime) {
   api::TrainingJobStatus st;
@@ -469,6 +454,312 @@ TEST(ProgressTrackerTest, FollowsTheChiefRoleToAPromotedWorkerPod) {
   EXPECT_EQ(st.progress->pod, "j-chief-0");
 }
 
+// ---- rate and ETA
+
+TEST(ProgressTrackerTest, RateAndEtaComeFromTwoReadsAndAStalledChiefCostsOneChange) {
+  FakeChief chief;
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  auto read_at = [&](int64_t step) {
+    {
+      std::lock_guard lock(chief.mu);
+      chief.exposition = "longhaul_train_global_step " + std::to_string(step) +
+                         "\nlonghaul_train_max_steps 5000\n";
+    }
+    tracker.track("ns/j", &kRunningChief, 30s, st, now);
+    EXPECT_TRUE(tracker.wait_idle(10s));
+    tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  };
+  read_at(1000);
+  EXPECT_EQ(st.progress->steps_per_second, 0) << "one read is no rate";
+  EXPECT_EQ(st.progress->eta, "");
+  EXPECT_EQ(st.progress->last_step_time, "2026-11-21T13:00:00Z");
+  now += 31s;
+  read_at(1310);  // 10 steps/s: 3690 steps left take 369 s
+  EXPECT_EQ(st.progress->steps_per_second, 10);
+  EXPECT_EQ(st.progress->eta, "6m09s");
+  EXPECT_EQ(st.progress->estimated_completion_time, "2026-11-21T13:06:40Z");
+  EXPECT_EQ(st.progress->last_step_time, "2026-11-21T13:00:31Z");
+  const json j = api::to_json(st)["progress"];
+  EXPECT_EQ(j["stepsPerSecond"], 10.0);
+  EXPECT_EQ(j["eta"], "6m09s");
+  EXPECT_EQ(api::parse_status(api::to_json(st)), st);
+  now += 31s;
+  read_at(1930);  // 20 steps/s now, smoothed: half of 10 + half of 20
+  EXPECT_EQ(st.progress->steps_per_second, 15);
+  EXPECT_EQ(st.progress->eta, "3m25s");
+
+  // The chief stops advancing: the next read says so (no rate, no ETA, the last step's time
+  // stays) and after that nothing changes, however long it stays so.
+  now += 31s;
+  read_at(1930);
+  EXPECT_EQ(st.progress->steps_per_second, 0);
+  EXPECT_EQ(st.progress->eta, "");
+  EXPECT_EQ(st.progress->estimated_completion_time, "");
+  EXPECT_EQ(st.progress->last_step_time, "2026-11-21T13:01:02Z");
+  const api::TrainingJobStatus stalled = st;
+  for (int i = 0; i < 20; ++i) {
+    now += 31s;
+    read_at(1930);
+  }
+  EXPECT_EQ(st, stalled) << "a stalled chief must cost no status writes";
+}
+
+// Zero writes at rest across an operator restart: the new tracker has no previous read, and the
+// first read of a stalled chief must not move lastStepTime (nor write anything).
+TEST(ProgressTrackerTest, AnOperatorRestartDoesNotTouchAStalledJobsProgress) {
+  FakeChief chief;
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  {
+    ProgressTracker before(options_for(chief));
+    before.track("ns/j", &kRunningChief, 30s, st, now);
+    ASSERT_TRUE(before.wait_idle(10s));
+    before.track("ns/j", &kRunningChief, 30s, st, now);
+  }
+  ASSERT_TRUE(st.progress);
+  const api::TrainingJobStatus recorded = st;
+  now += std::chrono::hours(2);
+  ProgressTracker after(options_for(chief));
+  after.track("ns/j", &kRunningChief, 30s, st, now);
+  ASSERT_TRUE(after.wait_idle(10s));
+  after.track("ns/j", &kRunningChief, 30s, st, now);
+  EXPECT_EQ(st, recorded);
+}
+
+TEST(ProgressEtaTest, ReadsLikeADuration) {
+  auto eta_for = [](int64_t left, double rate) {
+    api::TrainingJobStatus st;
+    ProgressSample s{100, 100 + left, 0, 0};
+    s.steps_per_second = rate;
+    s.eta_seconds = static_cast<int64_t>(static_cast<double>(left) / rate);
+    apply_progress(st, s, 30s, at("2026-11-21T13:00:00Z"));
+    return st.progress->eta;
+  };
+  EXPECT_EQ(eta_for(40, 1), "40s");
+  EXPECT_EQ(eta_for(7500, 1), "2h05m");
+  EXPECT_EQ(eta_for(3 * 86400 + 4 * 3600 + 59, 1), "3d04h");
+}
+
+// ---- the chief's termination message (worker/cli/termination_message.h)
+
+constexpr const char* kFinalMessage =
+    R"({"chief":true,"lastCheckpointStep":1500,"lastCheckpointTime":"2026-11-21T13:09:59Z",)"
+    R"("lastStepTime":"2026-11-21T13:10:00Z","maxSteps":1500,"step":1500,"stepsPerSecond":2.5})";
+
+TEST(TerminationMessageTest, ParsesTheWorkersMessageAndNothingElse) {
+  const auto s = parse_termination_message(kFinalMessage);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->step, 1500);
+  EXPECT_EQ(s->max_steps, 1500);
+  EXPECT_EQ(s->last_checkpoint_step, 1500);
+  EXPECT_EQ(s->last_checkpoint_unix, unix_of("2026-11-21T13:09:59Z"));
+  EXPECT_EQ(s->last_step_unix, unix_of("2026-11-21T13:10:00Z"));
+  EXPECT_EQ(s->steps_per_second, 2.5);
+  EXPECT_EQ(s->is_chief, 1);
+  EXPECT_EQ(parse_termination_message(R"({"step":3})")->is_chief, -1);
+  EXPECT_EQ(parse_termination_message(R"({"step":3,"chief":false})")->is_chief, 0);
+  for (const char* other : {"", "Error: out of memory", "{}", R"({"step":-1})", R"({"step":"3"})",
+                            "[1,2]", R"({"step":1.5})"}) {
+    EXPECT_EQ(parse_termination_message(other), std::nullopt) << other;
+  }
+}
+
+json terminated_chief(const std::string& message, const std::string& finished_at,
+                      const std::string& phase = "Succeeded") {
+  json pod = chief_pod(phase, "10.0.0.7", {{{"name", "metrics"}, {"containerPort", 9400}}});
+  json terminated = {{"exitCode", phase == "Succeeded" ? 0 : 1},
+                     {"finishedAt", finished_at},
+                     {"message", message}};
+  json container = {{"name", "trainer"}, {"state", {{"terminated", terminated}}}};
+  pod["status"]["containerStatuses"] = json::array({container});
+  return pod;
+}
+
+TEST(TerminationMessageTest, IsFoundInTheTerminatedContainersStatus) {
+  const auto t = terminated_progress(terminated_chief(kFinalMessage, "2026-11-21T13:10:01Z"));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->sample.step, 1500);
+  EXPECT_EQ(t->sample.pod, "j-chief-0");
+  EXPECT_EQ(t->termination, "j-chief-0/trainer@2026-11-21T13:10:01Z");
+  EXPECT_EQ(terminated_progress(kRunningChief), std::nullopt);
+  // Found on the real API server: an unset time is null there (startedAt, finishedAt), and a
+  // reconcile failed on it.
+  json unset = terminated_chief(kFinalMessage, "");
+  unset["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = nullptr;
+  unset["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"] = nullptr;
+  ASSERT_NO_THROW(terminated_progress(unset));
+  EXPECT_EQ(terminated_progress(unset)->termination, "j-chief-0/trainer@");
+  EXPECT_EQ(terminated_progress(terminated_chief("Error: boom", "2026-11-21T13:10:01Z")),
+            std::nullopt);
+}
+
+// Found in the field: a job that trained 1,500 of 1,500 steps ended Succeeded with STEP 749/1500:
+// the last read of the metrics came half-way, and nothing was read once the chief had finished.
+TEST(ProgressTrackerTest, AFinishedJobShowsTheStepTheChiefEndedAtNotTheLastRead) {
+  FakeChief chief;
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  {
+    std::lock_guard lock(chief.mu);
+    chief.exposition = "longhaul_train_global_step 749\nlonghaul_train_max_steps 1500\n";
+  }
+  tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  ASSERT_EQ(st.progress->steps, "749/1500");
+
+  // 5 s later (well inside the rate limit) the chief has exited and the job is finished.
+  now += 5s;
+  st.phase = "Succeeded";
+  const json done = terminated_chief(kFinalMessage, "2026-11-21T13:00:04Z");
+  EXPECT_EQ(tracker.track("ns/j", &done, 30s, st, now), std::nullopt);
+  EXPECT_EQ(st.progress->steps, "1500/1500");
+  EXPECT_EQ(st.progress->last_checkpoint_step, 1500);
+  EXPECT_EQ(st.progress->last_checkpoint_time, "2026-11-21T13:09:59Z");
+  EXPECT_EQ(st.progress->last_step_time, "2026-11-21T13:10:00Z");
+  EXPECT_EQ(st.progress->steps_per_second, 2.5);
+  EXPECT_EQ(st.progress->eta, "");
+  EXPECT_EQ(st.progress->observed_time, "2026-11-21T13:00:05Z");
+  // A finished job is read no more, and the same message again changes nothing.
+  const api::TrainingJobStatus final_status = st;
+  const int reads = chief.reads;
+  for (int i = 0; i < 5; ++i) {
+    now += 31s;
+    EXPECT_EQ(tracker.track("ns/j", &done, 30s, st, now), std::nullopt);
+    EXPECT_EQ(tracker.track("ns/j", nullptr, 30s, st, now), std::nullopt);
+  }
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  EXPECT_EQ(chief.reads, reads);
+  EXPECT_EQ(st, final_status);
+
+  // A chief that failed before it restored anything (step 0, no checkpoint) does not wipe
+  // the recorded progress of a failed job either.
+  st.phase = "Failed";
+  const json early =
+      terminated_chief(R"({"step":0,"chief":true})", "2026-11-21T13:20:00Z", "Failed");
+  tracker.track("ns/j", &early, 30s, st, now);
+  EXPECT_EQ(st.progress, final_status.progress);
+}
+
+TEST(ProgressTrackerTest, ATerminatedChiefOfARunningJobIsAppliedOnceAndOnlyForward) {
+  FakeChief chief;
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  // The chief's container ended (other replicas still run): applied at once.
+  const json done = terminated_chief(kFinalMessage, "2026-11-21T13:00:00Z");
+  tracker.track("ns/j", &done, 30s, st, now);
+  EXPECT_EQ(st.progress->step, 1500);
+  // A worker that says it is not the chief is never taken for it.
+  api::TrainingJobStatus other;
+  const json worker =
+      terminated_chief(R"({"step":99,"chief":false})", "2026-11-21T13:00:00Z", "Failed");
+  tracker.track("ns/k", nullptr, 30s, other, now, {&worker});
+  EXPECT_FALSE(other.progress);
+  // The role moved on to a promoted worker that trains further: once applied, the same
+  // termination is not applied again over the newer values.
+  {
+    std::lock_guard lock(chief.mu);
+    chief.exposition = "longhaul_train_global_step 1600\nlonghaul_worker_is_chief 1\n";
+  }
+  const json promoted = chief_pod("Running", "10.0.0.8",
+                                  {{{"name", "metrics"}, {"containerPort", 9400}}}, "j-worker-0");
+  now += 40s;
+  tracker.track("ns/j", &done, 30s, st, now, {&promoted});
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  tracker.track("ns/j", &done, 30s, st, now, {&promoted});
+  EXPECT_EQ(st.progress->step, 1600);
+  EXPECT_EQ(st.progress->pod, "j-worker-0");
+  now += 5s;
+  tracker.track("ns/j", &done, 30s, st, now, {&promoted});
+  EXPECT_EQ(st.progress->step, 1600);
+}
+
+// ---- failed reads
+
+// A job shorter than one interval never showed progress: the read right after the chief started
+// failed (connection refused) and the next came a whole interval later.
+TEST(ProgressTrackerTest, AFailedReadIsRetriedSoonNotAWholeIntervalLater) {
+  FakeChief chief;
+  {
+    std::lock_guard lock(chief.mu);
+    chief.reachable = false;
+  }
+  std::atomic<int> updates{0};
+  ProgressTracker tracker(options_for(chief, &updates));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  EXPECT_EQ(tracker.track("ns/j", &kRunningChief, 30s, st, now), 30000ms);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  EXPECT_EQ(updates.load(), 1) << "a failed read has the job reconciled to schedule the retry";
+  EXPECT_EQ(tracker.track("ns/j", &kRunningChief, 30s, st, now), 1000ms);
+  // The retries back off: 1 s, 2 s, 4 s, ... at most the interval; no status change meanwhile.
+  std::vector<std::chrono::milliseconds> waits;
+  for (int i = 0; i < 7; ++i) {
+    now += waits.empty() ? 1000ms : waits.back();
+    tracker.track("ns/j", &kRunningChief, 30s, st, now);
+    ASSERT_TRUE(tracker.wait_idle(10s));
+    waits.push_back(*tracker.track("ns/j", &kRunningChief, 30s, st, now));
+  }
+  EXPECT_EQ(waits, (std::vector<std::chrono::milliseconds>{2000ms, 4000ms, 8000ms, 16000ms, 30000ms,
+                                                           30000ms, 30000ms}));
+  EXPECT_EQ(chief.reads, 8);
+  EXPECT_FALSE(st.progress);
+  EXPECT_EQ(updates.load(), 1) << "only the first failure of a streak needs a reconcile";
+  // The chief answers: read at the next retry, and the interval applies again after it.
+  {
+    std::lock_guard lock(chief.mu);
+    chief.reachable = true;
+  }
+  now += 30s;
+  tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  ASSERT_TRUE(tracker.wait_idle(10s));
+  EXPECT_EQ(tracker.track("ns/j", &kRunningChief, 30s, st, now), 30000ms);
+  ASSERT_TRUE(st.progress);
+  EXPECT_EQ(st.progress->steps, "1200/5000");
+}
+
+// A job shorter than one interval showed "0/N" (the chief up, loading) until it ended: the next
+// read came a whole interval later, and its change waited out the interval after the 0.
+TEST(ProgressTrackerTest, AChiefNotTrainingYetIsReadAgainSoonAndItsFirstStepShowsAtOnce) {
+  FakeChief chief;
+  auto serve = [&](int64_t step) {
+    std::lock_guard lock(chief.mu);
+    chief.exposition =
+        "longhaul_train_global_step " + std::to_string(step) + "\nlonghaul_train_max_steps 160\n";
+  };
+  ProgressTracker tracker(options_for(chief));
+  api::TrainingJobStatus st;
+  api::Time now = at("2026-11-21T13:00:00Z");
+  auto reconcile = [&] {
+    tracker.track("ns/j", &kRunningChief, 30s, st, now);
+    EXPECT_TRUE(tracker.wait_idle(10s));
+    return tracker.track("ns/j", &kRunningChief, 30s, st, now);
+  };
+  serve(0);
+  EXPECT_EQ(reconcile(), 1000ms) << "step 0: read again in a second";
+  EXPECT_EQ(st.progress->steps, "0/160");
+  now += 1s;
+  serve(0);
+  EXPECT_EQ(reconcile(), 2000ms);
+  now += 2s;
+  serve(9);
+  EXPECT_EQ(reconcile(), 30000ms) << "training: back to one read per interval";
+  EXPECT_EQ(st.progress->steps, "9/160") << "the first step replaces the 0 at once";
+  EXPECT_EQ(st.progress->observed_time, "2026-11-21T13:00:03Z");
+  // From here on the rate limit holds as ever.
+  now += 30s;
+  serve(99);
+  reconcile();
+  EXPECT_EQ(st.progress->steps, "9/160");
+  now += 1s;
+  reconcile();
+  EXPECT_EQ(st.progress->steps, "99/160");
+}
+
 // ---- fetch_metrics against real sockets
 
 TEST(FetchMetricsTest, ReadsTheBodyOfA200) {
@@ -519,7 +810,10 @@ TEST(FetchMetricsTest, ASilentChiefCostsAtMostTheDeadline) {
     fetch_metrics({"127.0.0.1", port}, 300ms);
     ADD_FAILURE() << "a silent server answered";
   } catch (const Unavailable& e) {
-    EXPECT_NE(std::string(e.what()).find("no answer within 300 ms"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("reading the chief's progress from http://127.0.0.1:" +
+                                         std::to_string(port) + "/metrics"),
+              std::string::npos)
+        << e.what();
   }
   ::close(fd);
 }

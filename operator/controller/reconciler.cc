@@ -1122,7 +1122,7 @@ void Reconciler::Pass::count_replicas() {
 
 // The chief's training progress (progress.h): read off this path, applied rate-limited.
 void Reconciler::Pass::track_progress() {
-  if (!invalid.empty() || !active()) return;
+  if (!invalid.empty() || policy().suspend) return;  // finished: the chief's last word (progress.h)
   const auto chief = owned.find(st.chief_pod);
   const auto rec = st.pods.find(st.chief_pod);
   const bool current = chief != owned.end() && rec != st.pods.end() &&

@@ -798,6 +798,7 @@ TEST_F(ReconcilerTest, ChiefProgressAppearsInStatusFromItsMetricsPort) {
                                       "lastCheckpointStep": 1000,
                                       "lastCheckpointTime": "2025-11-21T13:00:00Z",
                                       "observedTime": "2026-11-21T13:00:00Z",
+                                      "lastStepTime": "2026-11-21T13:00:00Z",
                                       "pod": "j-chief-0"})"));
   // A running job with a readable chief comes back for the next read.
   ASSERT_TRUE(r.requeue_after);
@@ -841,7 +842,11 @@ TEST_F(ReconcilerTest, ProgressIsWrittenAtMostOncePerIntervalAndNeverWhenUnchang
   // The chief stops advancing (e.g. waiting on a slow filesystem): not one write more.
   reconcile_after_read();
   now += std::chrono::seconds(60);
-  reconcile_after_read();  // the last change lands
+  reconcile_after_read();  // the last step lands
+  now += std::chrono::seconds(31);
+  reconcile_after_read();  // then the next read says the step did not move: no rate, no ETA
+  EXPECT_EQ(status().progress->steps_per_second, 0);
+  EXPECT_EQ(status().progress->eta, "");
   client.reset_counts();
   for (int tick = 0; tick < 100; ++tick) {
     now += std::chrono::seconds(7);
@@ -849,6 +854,69 @@ TEST_F(ReconcilerTest, ProgressIsWrittenAtMostOncePerIntervalAndNeverWhenUnchang
   }
   EXPECT_EQ(client.writes(), 0);
   EXPECT_EQ(status().progress->step, step);
+}
+
+// Found in the field: a job that trained to the end showed Succeeded with the STEP of its last
+// metrics read (749/1500): nothing was read once the chief had finished. The chief's termination
+// message (worker/cli/termination_message.h) makes the final status exact, in the same write
+// that finishes the job.
+TEST_F(ReconcilerTest, ASucceededJobShowsTheStepAndCheckpointTheChiefEndedAt) {
+  set_chief_metrics(exposition(749, 500, 1763730000));
+  create_job(progress_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  reconcile_after_read();
+  ASSERT_EQ(status().progress->steps, "749/5000");
+  now += std::chrono::seconds(5);  // well inside the interval: a read's change would wait
+  const std::string message =
+      R"({"step":5000,"maxSteps":5000,"lastCheckpointStep":5000,)"
+      R"("lastCheckpointTime":"2026-11-21T13:00:04Z","lastStepTime":"2026-11-21T13:00:04Z",)"
+      R"("stepsPerSecond":1000,"chief":true})";
+  set_phase("j-chief-0", "Succeeded", 0,
+            {{"containerStatuses",
+              {{{"name", "trainer"},
+                {"state",
+                 {{"terminated",
+                   {{"exitCode", 0},
+                    {"finishedAt", "2026-11-21T13:00:04Z"},
+                    {"message", message}}}}}}}}});
+  const int reads = chief_reads;
+  settle();
+  const auto s = status();
+  ASSERT_EQ(s.phase, "Succeeded");
+  EXPECT_EQ(s.progress->steps, "5000/5000");
+  EXPECT_EQ(s.progress->last_checkpoint_step, 5000);
+  EXPECT_EQ(s.progress->last_checkpoint_time, "2026-11-21T13:00:04Z");
+  EXPECT_EQ(s.progress->last_step_time, "2026-11-21T13:00:04Z");
+  EXPECT_EQ(s.progress->eta, "");
+  // At rest: a finished job's progress is never read or written again.
+  client.reset_counts();
+  for (int i = 0; i < 5; ++i) {
+    now += std::chrono::seconds(31);
+    reconcile_after_read();
+  }
+  EXPECT_EQ(client.writes_of("update_status", "trainingjobs"), 0);
+  EXPECT_EQ(chief_reads, reads);
+  EXPECT_EQ(status().progress, s.progress);
+}
+
+// A job shorter than one interval never showed progress: the read right after the chief started
+// failed (connection refused) and the next came a whole interval later.
+TEST_F(ReconcilerTest, AFailedFirstReadIsRetriedWithinSecondsWithoutAWrite) {
+  set_chief_metrics(std::nullopt);
+  create_job(progress_spec());
+  start_running();
+  set_phase("j-chief-0", "Running", 0, {{"podIP", "10.0.0.7"}});
+  client.reset_counts();
+  const ReconcileResult r = reconcile_after_read();
+  ASSERT_TRUE(r.requeue_after);
+  EXPECT_LE(*r.requeue_after, std::chrono::milliseconds(1000));
+  EXPECT_EQ(client.writes(), 0);
+  set_chief_metrics(exposition(12, 10, 1763730000));
+  now += *r.requeue_after;
+  reconcile_after_read();
+  ASSERT_TRUE(status().progress);
+  EXPECT_EQ(status().progress->steps, "12/5000");
 }
 
 TEST_F(ReconcilerTest, UnreachableChiefIsNoErrorAndKeepsTheLastProgress) {

@@ -33,7 +33,7 @@ std::optional<std::string> find_header(const HttpHeaders& headers, std::string_v
 namespace {
 
 client::http_client_config make_config(const CpprestTransportOptions& options,
-                                       std::chrono::seconds timeout) {
+                                       std::chrono::milliseconds timeout) {
   client::http_client_config config;
   config.set_timeout(timeout);
   config.set_validate_certificates(!options.tls.insecure_skip_tls_verify);
@@ -73,14 +73,14 @@ HttpHeaders copy_headers(const http::http_headers& headers) {
   return out;
 }
 
-[[noreturn]] void throw_network(const std::string& server, const HttpRequest& request,
+[[noreturn]] void throw_network(const CpprestTransportOptions& options, const HttpRequest& request,
                                 const std::string& what) {
-  throw Unavailable("HTTP " + request.method + " " + server + request.target + " failed: " + what +
-                    " (is the API server reachable?)");
+  throw Unavailable("HTTP " + request.method + " " + options.server + request.target +
+                    " failed: " + what + " (" + options.unreachable_hint + ")");
 }
 
 client::http_client make_client(const CpprestTransportOptions& options,
-                                std::chrono::seconds timeout) {
+                                std::chrono::milliseconds timeout) {
   try {
     return client::http_client(web::uri(options.server), make_config(options, timeout));
   } catch (const std::exception& e) {
@@ -253,7 +253,7 @@ HttpResponse CpprestTransport::request(const HttpRequest& request) {
       throw Cancelled("HTTP " + request.method + " " + impl_->options.server + request.target +
                       ": cancelled (leadership lost or shutting down)");
     }
-    throw_network(impl_->options.server, request, e.what());
+    throw_network(impl_->options, request, e.what());
   }
 }
 
@@ -270,7 +270,7 @@ std::unique_ptr<HttpStream> CpprestTransport::stream(const HttpRequest& request,
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw_network(impl_->options.server, request, e.what());
+    throw_network(impl_->options, request, e.what());
   }
 }
 

@@ -351,21 +351,28 @@ TEST_F(CrdTest, KubectlGetShowsThePrinterColumnsWithStatusValues) {
   // operator writes status.progress.
   const std::string checkpoint_time =
       api_time(std::chrono::system_clock::now() - std::chrono::hours(72));
-  created["status"] = {{"phase", "Running"},
-                       {"chiefPod", "columns-chief-0"},
-                       {"ready", "3/3"},
-                       {"restartCount", 4},
-                       {"preemptionCount", 2},
-                       {"failureCount", 1},
-                       {"failureBudget", "1/6"},
-                       {"observedGeneration", 1},
-                       {"progress",
-                        {{"step", 1200},
-                         {"maxSteps", 5000},
-                         {"steps", "1200/5000"},
-                         {"lastCheckpointStep", 1000},
-                         {"lastCheckpointTime", checkpoint_time},
-                         {"observedTime", api_time(std::chrono::system_clock::now())}}}};
+  created["status"] = {
+      {"phase", "Running"},
+      {"chiefPod", "columns-chief-0"},
+      {"ready", "3/3"},
+      {"restartCount", 4},
+      {"preemptionCount", 2},
+      {"failureCount", 1},
+      {"failureBudget", "1/6"},
+      {"observedGeneration", 1},
+      {"progress",
+       {{"step", 1200},
+        {"maxSteps", 5000},
+        {"steps", "1200/5000"},
+        {"lastCheckpointStep", 1000},
+        {"lastCheckpointTime", checkpoint_time},
+        {"observedTime", api_time(std::chrono::system_clock::now())},
+        {"pod", "columns-chief-0"},
+        {"stepsPerSecond", 2.5},
+        {"eta", "26m40s"},
+        {"estimatedCompletionTime",
+         api_time(std::chrono::system_clock::now() + std::chrono::minutes(26))},
+        {"lastStepTime", api_time(std::chrono::system_clock::now() - std::chrono::minutes(5))}}}};
   const json stored = plane().call("PUT", kJobs + ns + "/trainingjobs/columns/status", created);
   EXPECT_EQ(stored["status"]["progress"], created["status"]["progress"])
       << "the server pruned or changed status.progress";
@@ -382,12 +389,16 @@ TEST_F(CrdTest, KubectlGetShowsThePrinterColumnsWithStatusValues) {
     names.push_back(c["name"]);
     priority[c["name"]] = c.value("priority", 0);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"Name", "Phase", "Step", "Last-Ckpt", "Chief", "Ready",
-                                             "Restarts", "Preemptions", "Failures", "Age"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"Name", "Phase", "Step", "Last-Ckpt", "ETA", "Rate",
+                                             "Last-Step", "Chief", "Ready", "Restarts",
+                                             "Preemptions", "Failures", "Age"}));
   EXPECT_EQ(priority["Failures"], 1) << "FAILURES belongs to -o wide only";
   EXPECT_EQ(priority["Phase"], 0);
   EXPECT_EQ(priority["Step"], 0) << "STEP belongs to the default view";
   EXPECT_EQ(priority["Last-Ckpt"], 0);
+  EXPECT_EQ(priority["ETA"], 0) << "ETA belongs to the default view";
+  EXPECT_EQ(priority["Rate"], 1) << "RATE belongs to -o wide only";
+  EXPECT_EQ(priority["Last-Step"], 1) << "LAST-STEP belongs to -o wide only";
   ASSERT_EQ(table["rows"].size(), 1u);
   const json& cells = table["rows"][0]["cells"];
   ASSERT_EQ(cells.size(), names.size());
@@ -395,13 +406,17 @@ TEST_F(CrdTest, KubectlGetShowsThePrinterColumnsWithStatusValues) {
   EXPECT_EQ(cells[1], "Running");
   EXPECT_EQ(cells[2], "1200/5000");
   EXPECT_EQ(cells[3], "3d") << "LAST-CKPT is the checkpoint's age";
-  EXPECT_EQ(cells[4], "columns-chief-0");
-  EXPECT_EQ(cells[5], "3/3");
-  EXPECT_EQ(cells[6], 4);
-  EXPECT_EQ(cells[7], 2);
-  EXPECT_EQ(cells[8], "1/6");
-  EXPECT_TRUE(std::regex_match(cells[9].get<std::string>(), std::regex("[0-9]+s")))
-      << "AGE: " << cells[9];
+  EXPECT_EQ(cells[4], "26m40s");
+  EXPECT_EQ(cells[5], 2.5);
+  EXPECT_TRUE(std::regex_match(cells[6].get<std::string>(), std::regex("5m([0-9]+s)?")))
+      << "LAST-STEP is the age of the last step: " << cells[6];
+  EXPECT_EQ(cells[7], "columns-chief-0");
+  EXPECT_EQ(cells[8], "3/3");
+  EXPECT_EQ(cells[9], 4);
+  EXPECT_EQ(cells[10], 2);
+  EXPECT_EQ(cells[11], "1/6");
+  EXPECT_TRUE(std::regex_match(cells[12].get<std::string>(), std::regex("[0-9]+s")))
+      << "AGE: " << cells[12];
 
   // A job whose chief has not been read yet: the columns are empty, not an error.
   plane().call("POST", kJobs + ns + "/trainingjobs", valid_job("fresh"));
@@ -412,6 +427,7 @@ TEST_F(CrdTest, KubectlGetShowsThePrinterColumnsWithStatusValues) {
   EXPECT_TRUE(fresh_cells[2].is_null() || fresh_cells[2] == "") << fresh_cells;
   EXPECT_TRUE(fresh_cells[3].is_null() || fresh_cells[3] == "" || fresh_cells[3] == "<unknown>")
       << fresh_cells;
+  EXPECT_TRUE(fresh_cells[4].is_null() || fresh_cells[4] == "") << fresh_cells;
 }
 
 // status.progress values the server must refuse (the operator never writes them).
@@ -426,6 +442,14 @@ TEST_F(CrdTest, StatusProgressIsValidated) {
   r = plane().request("PUT", kJobs + ns + "/trainingjobs/progress/status", created.dump());
   EXPECT_EQ(r.status, 422) << r.body;
   EXPECT_NE(r.body.find("status.progress.lastCheckpointTime"), std::string::npos) << r.body;
+  created["status"] = {{"progress", {{"step", 3}, {"stepsPerSecond", -1.5}}}};
+  r = plane().request("PUT", kJobs + ns + "/trainingjobs/progress/status", created.dump());
+  EXPECT_EQ(r.status, 422) << r.body;
+  EXPECT_NE(r.body.find("status.progress.stepsPerSecond"), std::string::npos) << r.body;
+  created["status"] = {{"progress", {{"step", 3}, {"lastStepTime", "just now"}}}};
+  r = plane().request("PUT", kJobs + ns + "/trainingjobs/progress/status", created.dump());
+  EXPECT_EQ(r.status, 422) << r.body;
+  EXPECT_NE(r.body.find("status.progress.lastStepTime"), std::string::npos) << r.body;
 }
 
 }  // namespace

@@ -112,12 +112,13 @@ void FakeKubelet::patch_status(const std::string& pod, const json& status) {
                  /*status_subresource=*/true);
 }
 
-void FakeKubelet::terminate(const std::string& pod, int exit_code) {
-  patch_status(pod,
-               {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
-                {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
-                {"containerStatuses",
-                 container_statuses(pod, {{"terminated", {{"exitCode", exit_code}}}}, false)}});
+void FakeKubelet::terminate(const std::string& pod, int exit_code, const std::string& message) {
+  json terminated = {{"exitCode", exit_code}};
+  if (!message.empty()) terminated["message"] = message;
+  patch_status(
+      pod, {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
+            {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
+            {"containerStatuses", container_statuses(pod, {{"terminated", terminated}}, false)}});
 }
 
 void FakeKubelet::preempt(const std::string& pod) {

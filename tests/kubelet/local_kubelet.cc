@@ -44,6 +44,18 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
 }
 std::string now_rfc3339() { return rfc3339(std::chrono::system_clock::now()); }
 
+// What a container left at its terminationMessagePath, as a kubelet reports it: at most 4096
+// bytes; nullopt when it wrote nothing (or there is no file).
+std::optional<std::string> termination_message(const fs::path& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  std::string text(4096, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.empty()) return std::nullopt;
+  return text;
+}
+
 int64_t int_or(const json& object, const char* key, int64_t fallback) {
   if (!object.is_object()) return fallback;
   auto it = object.find(key);
@@ -65,6 +77,9 @@ struct LocalKubelet::Proc {
 struct LocalKubelet::PodState {
   std::string ns, name, uid, node, container, image, restart_policy;
   fs::path log;
+  // The container's terminationMessagePath, emulated: a file in the pod's folder that the process
+  // finds in $LONGHAUL_TERMINATION_MESSAGE_PATH (emptied before each start; read when it ends).
+  fs::path termination_log;
   std::string start_time;
   std::shared_ptr<Proc> proc;           // current or last process
   std::optional<json> last_terminated;  // lastState.terminated after an in-place restart
@@ -568,6 +583,9 @@ bool LocalKubelet::due_to_start_locked(PodState& s, const json& pod, Clock::time
                              {"reason", code == 0 ? "Completed" : "Error"},
                              {"startedAt", s.proc->started_at},
                              {"finishedAt", s.proc->finished_at}};
+    if (auto message = termination_message(s.termination_log)) {
+      (*s.last_terminated)["message"] = *message;
+    }
     report(s, pod);
     return false;
   }
@@ -610,6 +628,10 @@ void LocalKubelet::start_process(PodState& s, const json& pod) {
     cmd = build_pod_command(pod, co);
     for (const VolumeMapping& v : cmd.volumes) fs::create_directories(v.local);
     fs::create_directories(cmd.working_dir);
+    // As a kubelet mounts an empty file at terminationMessagePath for each container start.
+    s.termination_log = pod_dir / ("termination-log-" + cmd.container);
+    std::ofstream(s.termination_log, std::ios::trunc).close();
+    cmd.env.emplace_back("LONGHAUL_TERMINATION_MESSAGE_PATH", s.termination_log.string());
   } catch (const std::exception& e) {
     fail(e.what());
     return;
@@ -717,6 +739,7 @@ void LocalKubelet::report(PodState& s, const json& pod) {
                  {"finishedAt", s.proc->finished_at},
                  {"containerID", "local://" + std::to_string(s.proc->pid)}};
     if (s.proc->signal != 0) term["signal"] = s.proc->signal;
+    if (auto message = termination_message(s.termination_log)) term["message"] = *message;
     if (!s.start_error.empty()) term["message"] = s.start_error;
     cstate = {{"terminated", term}};
   } else if (s.terminal) {

@@ -132,6 +132,42 @@ TEST_F(LocalKubeletTest, RunsAPodToSucceededWithItsOutputInTheLog) {
   EXPECT_NE(log_of("ok").find("hello from ok"), std::string::npos);
 }
 
+// terminationMessagePath, emulated (the operator reads the worker's final progress there): the
+// process finds the file in $LONGHAUL_TERMINATION_MESSAGE_PATH, and what it wrote (at most 4096
+// bytes, as a kubelet keeps) is state.terminated.message; an in-place restart starts with an
+// empty file and keeps the last run's message in lastState.
+TEST_F(LocalKubeletTest, TheTerminationMessageIsReportedLikeAKubeletDoes) {
+  server.create(
+      "pods", "default",
+      pod_manifest("said", "printf '{\"step\":1500}' > $LONGHAUL_TERMINATION_MESSAGE_PATH"));
+  ASSERT_TRUE(wait_phase("said", "Succeeded"));
+  EXPECT_EQ(terminated("said")["message"], "{\"step\":1500}");
+
+  server.create("pods", "default",
+                pod_manifest("long",
+                             "head -c 10000 /dev/zero | tr '\\0' x "
+                             "> $LONGHAUL_TERMINATION_MESSAGE_PATH; exit 1"));
+  ASSERT_TRUE(wait_phase("long", "Failed"));
+  EXPECT_EQ(terminated("long")["message"], std::string(4096, 'x'));
+
+  server.create("pods", "default", pod_manifest("silent", "true"));
+  ASSERT_TRUE(wait_phase("silent", "Succeeded"));
+  EXPECT_FALSE(terminated("silent").contains("message"));
+
+  json m = pod_manifest("again",
+                        "n=$(cat /scratch/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > "
+                        "/scratch/n; [ -s $LONGHAUL_TERMINATION_MESSAGE_PATH ] && exit 5; "
+                        "echo run $n > $LONGHAUL_TERMINATION_MESSAGE_PATH; [ $n -ge 2 ]",
+                        "OnFailure");
+  m["spec"]["volumes"] = {{{"name", "scratch"}, {"emptyDir", json::object()}}};
+  m["spec"]["containers"][0]["volumeMounts"] = {{{"name", "scratch"}, {"mountPath", "/scratch"}}};
+  server.create("pods", "default", m);
+  ASSERT_TRUE(wait_phase("again", "Succeeded"));
+  const json cs = pod("again")->at("status").at("containerStatuses").at(0);
+  EXPECT_EQ(cs["state"]["terminated"]["message"], "run 2\n");
+  EXPECT_EQ(cs["lastState"]["terminated"]["message"], "run 1\n");
+}
+
 TEST_F(LocalKubeletTest, ANonZeroExitFailsThePodWithTheCode) {
   server.create("pods", "default", pod_manifest("bad", "exit 3"));
   ASSERT_TRUE(wait_phase("bad", "Failed"));

@@ -735,6 +735,75 @@ TEST_F(RealScenario, ChiefProgressFromItsMetricsShowsInKubectlGet) {
   EXPECT_EQ(cells["Phase"], "Running");
 }
 
+// The rate, the ETA and the exact end on the real server: a chief whose step moves 10 per second
+// shows RATE and ETA in `kubectl get tj`; when its container ends with the worker's termination
+// message, the job's final status says exactly where it ended (it once kept the last read).
+TEST_F(RealScenario, RateEtaAndTheExactEndOfAChiefShowInKubectlGet) {
+  const auto started = std::chrono::steady_clock::now();
+  http::Server chief("chief metrics", "127.0.0.1", 0, [&](std::string_view, std::string_view) {
+    const auto seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return http::Response{200, "text/plain; version=0.0.4",
+                          "longhaul_train_global_step{rank=\"0\"} " +
+                              std::to_string(1000 + static_cast<int64_t>(10 * seconds)) +
+                              "\nlonghaul_train_max_steps{rank=\"0\"} 5000\n"};
+  });
+  chief.start();
+  start_operator();
+  json job = job_manifest("j", 1);
+  job["spec"]["progressIntervalSeconds"] = 5;
+  job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
+      {{"name", "metrics"}, {"containerPort", chief.port()}}};
+  create(job);
+  ASSERT_TRUE(eventually([&] { return running("j", 2, 0); }));
+  admin->patch(kube::resources::kPods, ns, "j-chief-0",
+               {{"status", {{"podIP", "127.0.0.1"}, {"podIPs", {{{"ip", "127.0.0.1"}}}}}}},
+               kube::PatchType::kMerge, /*status_subresource=*/true);
+  ASSERT_TRUE(eventually([&] {
+    const auto p = status().progress;
+    return p && p->steps_per_second > 0 && !p->eta.empty();
+  })) << api::to_json(status()).dump();
+  const auto running_progress = *status().progress;
+  EXPECT_NEAR(running_progress.steps_per_second, 10, 3) << api::to_json(status()).dump();
+  auto table_cells = [&] {
+    const auto r =
+        plane().request("GET", "/apis/longhaul.dev/v1alpha1/namespaces/" + ns + "/trainingjobs/j",
+                        "", "", "application/json;as=Table;v=v1;g=meta.k8s.io");
+    EXPECT_EQ(r.status, 200) << r.body;
+    const json table = json::parse(r.body);
+    std::map<std::string, json> cells;
+    for (size_t i = 0; i < table["columnDefinitions"].size(); ++i) {
+      cells[table["columnDefinitions"][i]["name"]] = table["rows"][0]["cells"][i];
+    }
+    return cells;
+  };
+  auto cells = table_cells();
+  EXPECT_TRUE(cells["ETA"].is_string() && !cells["ETA"].get<std::string>().empty()) << cells["ETA"];
+  EXPECT_TRUE(cells["Rate"].is_number() && cells["Rate"].get<double>() > 0) << cells["Rate"];
+
+  // The chief's container ends: the worker's termination message is the job's last word.
+  const std::string at = api::format_time(std::chrono::system_clock::now());
+  kubelet->terminate("j-chief-0", 0,
+                     R"({"chief":true,"lastCheckpointStep":5000,"lastCheckpointTime":")" + at +
+                         R"(","lastStepTime":")" + at +
+                         R"(","maxSteps":5000,"step":5000,"stepsPerSecond":9.5})");
+  ASSERT_TRUE(eventually([&] { return status().phase == "Succeeded"; }))
+      << api::to_json(status()).dump();
+  const auto done = *status().progress;
+  EXPECT_EQ(done.steps, "5000/5000");
+  EXPECT_EQ(done.last_checkpoint_step, 5000);
+  EXPECT_EQ(done.last_checkpoint_time, at);
+  EXPECT_EQ(done.last_step_time, at) << "the server keeps lastStepTime";
+  EXPECT_EQ(done.steps_per_second, 9.5);
+  EXPECT_EQ(done.eta, "");
+  cells = table_cells();
+  EXPECT_EQ(cells["Step"], "5000/5000");
+  EXPECT_TRUE(cells["ETA"].is_null() || cells["ETA"] == "") << cells["ETA"];
+  for (const std::string& w : operator_writes("trainingjobs")) {
+    EXPECT_NE(w.substr(w.size() - 4), " 422") << "a status write the server refused: " << w;
+  }
+}
+
 // ---- the longhaul-operator binary on the real server ----
 
 class RealBinary : public RealScenario {

@@ -96,6 +96,35 @@ TEST_F(WorkerCliTest, TrainsPrintsProgressAndResumes) {
       << not_multiple.err;
 }
 
+// The operator's final status of a job comes from here (worker/cli/termination_message.h): a
+// job that trained 1,500 of 1,500 steps once ended showing the step of its last metrics read.
+TEST_F(WorkerCliTest, LeavesItsFinalProgressInTheTerminationMessage) {
+  const fs::path message = dir_ / "termination-log";
+  RunOutput r = run_worker({"train", "--config", "small.yaml", "--logdir", "run"}, dir_, 120s,
+                           {{"LONGHAUL_TERMINATION_MESSAGE_PATH", message.string()}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(read_text(message));
+  EXPECT_EQ(j["step"], 10) << j;
+  EXPECT_EQ(j["maxSteps"], 10) << j;
+  EXPECT_EQ(j["lastCheckpointStep"], 10) << j;
+  EXPECT_EQ(j["chief"], true) << j;
+  EXPECT_TRUE(j["lastCheckpointTime"].is_string() && j["lastStepTime"].is_string()) << j;
+  EXPECT_GT(j["stepsPerSecond"].get<double>(), 0) << j;
+  EXPECT_LE(read_text(message).size(), 4096u) << "the kubelet keeps at most 4096 bytes";
+
+  // A path that cannot be written (its folder is missing, or it is a folder) never fails the
+  // worker: it says so in its log and finishes.
+  for (const fs::path& bad : {dir_ / "no-such-dir" / "termination-log", dir_.path()}) {
+    RunOutput unwritable = run_worker(
+        {"train", "--config", "small.yaml", "--logdir", "run", "--set", "training.max_steps=12"},
+        dir_, 120s, {{"LONGHAUL_TERMINATION_MESSAGE_PATH", bad.string()}});
+    EXPECT_EQ(unwritable.exit_code, 0) << unwritable.err;
+    EXPECT_TRUE(
+        contains(unwritable.err + unwritable.out, "could not write the termination message"))
+        << unwritable.err;
+  }
+}
+
 TEST_F(WorkerCliTest, LogdirComesFromFlagThenEnvironmentThenConfig) {
   write_text(dir_ / "with_logdir.yaml", small_model_config(2, 0) + "logdir: from_config\n");
   ASSERT_EQ(run_worker({"train", "--config", "with_logdir.yaml"}, dir_).exit_code, 0);

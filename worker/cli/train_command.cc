@@ -13,6 +13,7 @@
 #include "longhaul/supervisor/signals.h"
 #include "longhaul/supervisor/supervisor.h"
 #include "longhaul/trainer/run.h"
+#include "termination_message.h"
 
 namespace longhaul::cli {
 std::string version_string() {
@@ -77,6 +78,21 @@ void connect_metrics(worker_metrics::WorkerMetrics& metrics, int port, trainer::
     metrics.set_kernel_choices(plan.labels());
   };
   run.on_session_start = [&metrics](int64_t step, bool) { metrics.set_global_step(step); };
+}
+
+// The progress this replica leaves in its termination message (termination_message.h), fed
+// from the same callbacks as the metrics (connect_metrics runs first; its callbacks stay).
+void connect_termination_message(TerminationMessage& message, trainer::RunOptions& run) {
+  message.set_max_steps(run.config.training.max_steps);
+  run.checkpoint_listeners.push_back(&message);
+  run.on_step = [&message, inner = run.on_step](const trainer::StepStats& s) {
+    if (inner) inner(s);
+    message.on_step(s.step);
+  };
+  run.on_session_start = [&message, inner = run.on_session_start](int64_t step, bool restored) {
+    if (inner) inner(step, restored);
+    message.on_session_start(step);
+  };
 }
 
 // Recovery in place, measured (worker_metrics.h): wraps the group's regroup, when it has one.
@@ -152,6 +168,10 @@ int run_train(const TrainArgs& args) {
                                         requested_backend(run.config));
   connect_metrics(metrics, args.metrics_port >= 0 ? args.metrics_port : run.config.metrics_port,
                   run);
+  // Written when run_train returns or throws: the operator's exact final progress.
+  TerminationMessage termination;
+  termination.set_chief(run.world_size <= 1);
+  connect_termination_message(termination, run);
 
   // 3. Join the data-parallel group (a no-op for one replica), train.
   std::unique_ptr<dist::DataParallel> group;
@@ -162,7 +182,10 @@ int run_train(const TrainArgs& args) {
     LH_LOG(INFO) << "stopped at the rendezvous; nothing to commit" << kv("reason", e.what());
     return 128 + signals.signal_received();
   }
-  if (group != nullptr) metrics.set_chief(group->is_chief());
+  if (group != nullptr) {
+    metrics.set_chief(group->is_chief());
+    termination.set_chief(group->is_chief());
+  }
   measure_regroups(metrics, group.get(), run);
   const trainer::RunResult result = trainer::run_training(run);
   if (int code = finish_replica(replica, args, run, result, group.get()); code >= 0) return code;

@@ -239,6 +239,12 @@ struct TrainingProgress {
   // TF_CONFIG chief was lost and replaced in place is a promoted worker (status.chiefPod still
   // names the TF_CONFIG chief).
   std::string pod;
+  // The training rate and what it predicts, from the chief's step between two reads (smoothed;
+  // 3 significant digits). 0 / empty: not known, or the step did not move since the last read.
+  double steps_per_second = 0;
+  std::string eta;                        // time left to max_steps at that rate: "2h05m", "40s"
+  std::string estimated_completion_time;  // RFC 3339: when max_steps is reached at that rate
+  std::string last_step_time;  // RFC 3339: when the step last moved (first seen; exact at exit)
   bool operator==(const TrainingProgress&) const = default;
 };
 

@@ -46,7 +46,8 @@ namespace longhaul::controller {
 // tolerations, affinity, topologySpreadConstraints, and each container's env, envFrom,
 // volumeMounts, volumeDevices, command, args, probes and lifecycle. Readers of cached pods
 // (reconciler, failure/clean-up/recovery policies, expectations, ownership, progress) read
-// metadata, status, and spec.containers[].name/ports; cache_transform_test checks they decide
+// metadata, status (kept whole: progress reads containerStatuses[].state.terminated.message), and
+// spec.containers[].name/ports; cache_transform_test checks they decide
 // the same on a trimmed pod. Reading another pod spec field from the cache means keeping it here.
 void trim_cached_pod(json& pod);
 

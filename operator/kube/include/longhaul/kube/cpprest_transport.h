@@ -30,7 +30,9 @@ struct CpprestTransportOptions {
   std::string server;  // base URL, "https://10.0.0.1:443" (a path prefix is kept)
   TlsOptions tls;
   // Inactivity timeout of ordinary requests (cpprestsdk's timeout is per send/receive step).
-  std::chrono::seconds request_timeout{30};
+  std::chrono::milliseconds request_timeout{30000};
+  // What a network failure's message asks the reader to check.
+  std::string unreachable_hint = "is the API server reachable?";
 };
 
 // Sizes cpprestsdk's process-wide I/O thread pool, which runs every request's and watch's

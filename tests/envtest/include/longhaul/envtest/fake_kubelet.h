@@ -36,8 +36,9 @@ class FakeKubelet {
   // A stuck pod's deletion is never completed (its node is gone).
   void set_stuck(const std::string& pod, bool stuck);
 
-  // The container of `pod` exited with `exit_code`: phase Succeeded (0) or Failed.
-  void terminate(const std::string& pod, int exit_code);
+  // The container of `pod` exited with `exit_code`: phase Succeeded (0) or Failed. A non-empty
+  // `message` is what it left at its terminationMessagePath (state.terminated.message).
+  void terminate(const std::string& pod, int exit_code, const std::string& message = "");
   // The pod was preempted: phase Failed, reason Preempted, condition DisruptionTarget, exit 143.
   void preempt(const std::string& pod);
 

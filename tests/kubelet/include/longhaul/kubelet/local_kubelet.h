@@ -17,9 +17,11 @@
 // Pending -> Running (conditions PodScheduled, Initialized, ContainersReady, Ready True;
 // containerStatuses[0].state.running; podIP/hostIP 127.0.0.1) -> Succeeded (exit 0) or Failed
 // (containerStatuses[0].state.terminated with exitCode, reason "Completed"/"Error", signal,
-// startedAt, finishedAt). restartPolicy Always/OnFailure restarts the process in place with
-// exponential back-off (restartCount, lastState.terminated). A program that cannot be started
-// ends Failed with exit code 127, reason StartError.
+// startedAt, finishedAt, and the termination message: what the process wrote to the file named by
+// $LONGHAUL_TERMINATION_MESSAGE_PATH, emptied before each start, at most 4096 bytes, the local
+// stand-in for terminationMessagePath). restartPolicy Always/OnFailure restarts the process in
+// place with exponential back-off (restartCount, lastState.terminated). A program that cannot be
+// started ends Failed with exit code 127, reason StartError.
 //
 // Deletion: a pod with deletionTimestamp gets SIGTERM (to its process group), then SIGKILL once
 // metadata.deletionGracePeriodSeconds has passed, then its final status and a DELETE with
