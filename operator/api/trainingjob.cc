@@ -9,6 +9,7 @@
 #include "longhaul/api/validation.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/field.h"
+#include "longhaul/base/rfc3339.h"
 
 namespace longhaul::api {
 namespace {
@@ -674,24 +675,9 @@ bool is_finished(const TrainingJobStatus& s) {
   return s.phase == phase::kSucceeded || s.phase == phase::kFailed;
 }
 
-std::string format_time(Time t) {
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string format_time(Time t) { return format_rfc3339(t); }
 
-std::string format_micro_time(Time t) {
-  const auto secs = std::chrono::floor<std::chrono::seconds>(t);
-  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(t - secs).count();
-  std::string out = format_time(secs);
-  char frac[32];
-  std::snprintf(frac, sizeof frac, ".%06lldZ", static_cast<long long>(micros));
-  out.pop_back();  // the "Z"
-  return out + frac;
-}
+std::string format_micro_time(Time t) { return format_rfc3339_micro(t); }
 
 Time parse_time(std::string_view text) {
   int y, mo, d, h, mi, sec;
