@@ -333,6 +333,7 @@ void validate_runnable(const TrainingJobSpec& spec, std::string_view job_name) {
   for (const auto& [type, r] : spec.replica_specs) {
     const std::string path = "spec.replicaSpecs." + std::string(replica_type_name(type));
     validate_pod_template(r.pod_template, path + ".template", spec.logdir);
+    validate_grace_period(r.pod_template, path + ".template");
     if (r.replicas > 0) {
       const std::string longest = std::string(job_name) + "-" +
                                   std::string(replica_type_label(type)) + "-" +
