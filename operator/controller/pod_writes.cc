@@ -104,6 +104,32 @@ const kube::Resource& resource_of(const Action& a) {
 
 }  // namespace
 
+// Force-deletes `p` when it has been Terminating past nodeLostTimeoutSeconds; else a timer.
+void Reconciler::Pass::check_stuck(const ObservedPod& p) {
+  if (!p.terminating || !p.deletion_time) return;
+  const api::Time limit =
+      *p.deletion_time + std::chrono::seconds(policy().node_lost_timeout_seconds);
+  if (now >= limit) {
+    actions.push_back({Action::Kind::kForceDeletePod,
+                       p.name,
+                       p.uid,
+                       {},
+                       std::string(api::reason::kForceDeletedPod),
+                       "stuck Terminating for more than " +
+                           std::to_string(policy().node_lost_timeout_seconds) +
+                           "s past the deletion deadline (node lost?)"});
+  } else {
+    requeue_in(until(now, limit));
+  }
+}
+
+// Deletes `p` (by uid) unless it is going already.
+void Reconciler::Pass::delete_pod(const ObservedPod& p, std::string_view reason,
+                                  const std::string& why) {
+  if (p.terminating || r.expectations_.deletion_pending(key, p.name)) return;
+  actions.push_back({Action::Kind::kDeletePod, p.name, p.uid, {}, std::string(reason), why});
+}
+
 // Step 11, first: delete old incarnations (including those the decision just replaced).
 void Reconciler::Pass::delete_old_incarnations() {
   for (const Desired& d : desired) {

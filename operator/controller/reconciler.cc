@@ -89,31 +89,6 @@ void Reconciler::Pass::finish(std::string_view phase, std::string_view reason,
   event(ok ? "Normal" : "Warning", reason, message);
 }
 
-// Force-deletes `p` when it has been Terminating past nodeLostTimeoutSeconds; else a timer.
-void Reconciler::Pass::check_stuck(const ObservedPod& p) {
-  if (!p.terminating || !p.deletion_time) return;
-  const api::Time limit =
-      *p.deletion_time + std::chrono::seconds(policy().node_lost_timeout_seconds);
-  if (now >= limit) {
-    actions.push_back({Action::Kind::kForceDeletePod,
-                       p.name,
-                       p.uid,
-                       {},
-                       std::string(api::reason::kForceDeletedPod),
-                       "stuck Terminating for more than " +
-                           std::to_string(policy().node_lost_timeout_seconds) +
-                           "s past the deletion deadline (node lost?)"});
-  } else {
-    requeue_in(until(now, limit));
-  }
-}
-
-void Reconciler::Pass::delete_pod(const ObservedPod& p, std::string_view reason,
-                                  const std::string& why) {
-  if (p.terminating || r.expectations_.deletion_pending(key, p.name)) return;
-  actions.push_back({Action::Kind::kDeletePod, p.name, p.uid, {}, std::string(reason), why});
-}
-
 Reconciler::Reconciler(kube::Client& client, ClusterView* view, EventSink* events,
                        ReconcilerOptions options)
     : client_(client), options_(std::move(options)) {

@@ -208,8 +208,9 @@ struct Reconciler::Pass {
     if (r.options_.on_phase) r.options_.on_phase(key, phase);
   }
   void finish(std::string_view phase, std::string_view reason, const std::string& message);
-  void check_stuck(const ObservedPod& p);
-  void delete_pod(const ObservedPod& p, std::string_view reason, const std::string& why);
+  void check_stuck(const ObservedPod& p);  // pod_writes.cc
+  void delete_pod(const ObservedPod& p, std::string_view reason,
+                  const std::string& why);  // pod_writes.cc
 };
 
 }  // namespace longhaul::controller
