@@ -43,6 +43,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "longhaul/base/rfc3339.h"
 #include "longhaul/fakeapi/server.h"
 #include "longhaul/testing/loopback.h"
 #ifdef LONGHAUL_BENCH_REAL
@@ -315,14 +316,7 @@ int run_fake(int jobs, int workers, int idle_seconds) {
 #ifdef LONGHAUL_BENCH_REAL
 namespace res = longhaul::kube::resources;
 
-std::string now_rfc3339() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string now_rfc3339() { return longhaul::format_rfc3339(std::chrono::system_clock::now()); }
 
 // The status a kubelet reports for a pod whose container started at `now`.
 json running_status(const std::string& now) {

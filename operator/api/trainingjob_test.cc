@@ -336,6 +336,63 @@ TEST(ValidateRunnable, AcceptsWhatKubernetesAccepts) {
   EXPECT_NO_THROW(validate_runnable(parse_spec(j), "gpt2"));
 }
 
+// A worker's grace_period_secs given on its command line against the pod's
+// terminationGracePeriodSeconds: the kubelet must not kill the worker before its final
+// checkpoint. (Regression: they were tied only by a comment in an example manifest.)
+struct GraceCase {
+  const char* name;
+  const char* container;  // merged onto the Worker's first container
+  const char* pod_spec;   // merged onto the Worker's template spec
+  const char* error;      // "" when the spec is runnable, else the start of the message
+};
+void PrintTo(const GraceCase& c, std::ostream* os) { *os << c.name; }
+
+class GracePeriod : public ::testing::TestWithParam<GraceCase> {};
+
+TEST_P(GracePeriod, WorkerGraceMustEndBeforeThePodsGrace) {
+  json j = minimal_spec();
+  json& tmpl = j["replicaSpecs"]["Worker"]["template"];
+  tmpl["spec"]["containers"][0].merge_patch(json::parse(GetParam().container));
+  tmpl["spec"].merge_patch(json::parse(GetParam().pod_spec));
+  const TrainingJobSpec s = parse_spec(j);
+  if (std::string(GetParam().error).empty()) {
+    EXPECT_NO_THROW(validate_runnable(s, "job"));
+    return;
+  }
+  try {
+    validate_runnable(s, "job");
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(GetParam().error, 0), 0u) << what;
+    EXPECT_NE(what.find("set terminationGracePeriodSeconds above grace_period_secs"),
+              std::string::npos)
+        << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, GracePeriod,
+    ::testing::Values(
+        GraceCase{"BelowThePodsGrace", R"({"args": ["train", "--set=grace_period_secs=25"]})",
+                  R"({"terminationGracePeriodSeconds": 30})", ""},
+        GraceCase{"BelowTheDefault30", R"({"args": ["--set", "grace_period_secs=29.5"]})", "{}",
+                  ""},
+        GraceCase{"NotSetOnTheCommandLine", R"({"args": ["--set=supervisor.stop_grace_secs=90"]})",
+                  R"({"terminationGracePeriodSeconds": 5})", ""},
+        GraceCase{"EqualToThePodsGrace",
+                  R"({"command": ["longhaul-worker", "train", "--set=grace_period_secs=60"]})",
+                  R"({"terminationGracePeriodSeconds": 60})",
+                  "spec.replicaSpecs.Worker.template.spec.containers[0].command[2]: "
+                  "grace_period_secs=60 is not below "
+                  "spec.replicaSpecs.Worker.template.spec.terminationGracePeriodSeconds (60)"},
+        GraceCase{"AboveTheDefault30", R"({"args": ["train", "--set", "grace_period_secs=45"]})",
+                  "{}",
+                  "spec.replicaSpecs.Worker.template.spec.containers[0].args[2]: "
+                  "grace_period_secs=45 is not below "
+                  "spec.replicaSpecs.Worker.template.spec.terminationGracePeriodSeconds (30)"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 TEST(Quantity, ParsesKubernetesGrammar) {
   EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity("500m").value()), 0.5);
   EXPECT_DOUBLE_EQ(static_cast<double>(parse_quantity("2Ki").value()), 2048.0);

@@ -2,6 +2,7 @@
 #include "longhaul/api/validation.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -425,6 +426,53 @@ void validate_pod_template(const json& tmpl, const std::string& path, const Logd
   if (const json* grace = field(*spec, "terminationGracePeriodSeconds")) {
     if (!grace->is_number_integer() || grace->get<int64_t>() < 0) {
       fail(sp + ".terminationGracePeriodSeconds", "must be a whole number of seconds >= 0");
+    }
+  }
+}
+
+void validate_grace_period(const json& tmpl, const std::string& path) {
+  constexpr std::string_view kKey = "grace_period_secs=";
+  const json* spec = tmpl.is_object() ? field(tmpl, "spec") : nullptr;
+  if (spec == nullptr || !spec->is_object()) return;
+  int64_t pod_grace = 30;  // Kubernetes' default
+  if (const json* g = field(*spec, "terminationGracePeriodSeconds"); g && g->is_number_integer()) {
+    pod_grace = g->get<int64_t>();
+  }
+  const json* containers = field(*spec, "containers");
+  if (containers == nullptr || !containers->is_array()) return;
+  for (size_t i = 0; i < containers->size(); ++i) {
+    const json& c = (*containers)[i];
+    if (!c.is_object()) continue;
+    for (const char* list : {"command", "args"}) {
+      const json* words = field(c, list);
+      if (words == nullptr || !words->is_array()) continue;
+      for (size_t w = 0; w < words->size(); ++w) {
+        if (!(*words)[w].is_string()) continue;
+        std::string setting = (*words)[w].get<std::string>();
+        if (setting.rfind("--set=", 0) == 0) {
+          setting.erase(0, 6);
+        } else if (setting == "--set" && w + 1 < words->size() && (*words)[w + 1].is_string()) {
+          setting = (*words)[++w].get<std::string>();
+        } else {
+          continue;
+        }
+        if (setting.rfind(kKey, 0) != 0) continue;
+        const std::string value = setting.substr(kKey.size());
+        char* end = nullptr;
+        const double secs = std::strtod(value.c_str(), &end);
+        // Not a number: the worker's own config check refuses it, naming the key.
+        if (end == value.c_str() || *end != '\0' || !std::isfinite(secs)) continue;
+        if (secs < static_cast<double>(pod_grace)) continue;
+        fail(path + ".spec.containers[" + std::to_string(i) + "]." + list + "[" +
+                 std::to_string(w) + "]",
+             "grace_period_secs=" + value + " is not below " + path +
+                 ".spec.terminationGracePeriodSeconds (" + std::to_string(pod_grace) +
+                 "): the kubelet kills the container that long after SIGTERM, before the "
+                 "worker's final checkpoint is written; set terminationGracePeriodSeconds above "
+                 "grace_period_secs (e.g. " +
+                 std::to_string(static_cast<int64_t>(std::ceil(secs)) + 5) +
+                 ") or lower grace_period_secs");
+      }
     }
   }
 }

@@ -76,8 +76,11 @@ void add_flags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
 }
 
+// --log-level, when given, wins over LONGHAUL_LOG_LEVEL (which set the level at start-up),
+// whichever level either names: `--log-level info` quiets LONGHAUL_LOG_LEVEL=debug.
 void set_log_level(const std::string& level) {
   if (level == "debug") log::set_level(log::Level::kDebug);
+  if (level == "info") log::set_level(log::Level::kInfo);
   if (level == "warning") log::set_level(log::Level::kWarning);
   if (level == "error") log::set_level(log::Level::kError);
 }

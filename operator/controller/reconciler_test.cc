@@ -464,6 +464,27 @@ TEST_F(ReconcilerTest, InvalidSpecFailsOnceWithoutCrashLooping) {
   EXPECT_EQ(client.writes(), 0);
 }
 
+// A worker told to take 45 s for its final checkpoint in a pod the kubelet kills after 30 s
+// (the default terminationGracePeriodSeconds) was created anyway and lost that checkpoint on
+// every preemption: now the job fails before any pod exists, naming both fields.
+TEST_F(ReconcilerTest, WorkerGracePeriodLongerThanThePodsFailsWithInvalidSpec) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"] =
+      json::array({"train", "--set=grace_period_secs=45"});
+  create_job(spec);
+  EXPECT_NO_THROW(settle());
+  const std::string message = invalid_spec_message();
+  EXPECT_EQ(message.rfind("spec.replicaSpecs.Worker.template.spec.containers[0].args[1]: "
+                          "grace_period_secs=45 is not below "
+                          "spec.replicaSpecs.Worker.template.spec.terminationGracePeriodSeconds "
+                          "(30)",
+                          0),
+            0u)
+      << message;
+  EXPECT_TRUE(events.saw(api::reason::kInvalidSpec));
+  EXPECT_TRUE(pod_names().empty());
+}
+
 TEST_F(ReconcilerTest, RestartedOperatorRecoversFromTheClusterWithoutDuplicates) {
   create_job(default_spec());
   start_running();

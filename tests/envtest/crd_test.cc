@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "longhaul/base/rfc3339.h"
 #include "longhaul/envtest/gtest.h"
 
 namespace longhaul::envtest {
@@ -32,14 +33,7 @@ class CrdTest : public RealServerTest {
 };
 
 // RFC 3339 in UTC, second precision, as the operator writes times.
-std::string api_time(std::chrono::system_clock::time_point t) {
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string api_time(std::chrono::system_clock::time_point t) { return format_rfc3339(t); }
 
 json valid_job(const std::string& name) {
   const json tmpl = {

@@ -6,20 +6,14 @@
 #include <vector>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/rfc3339.h"
 
 namespace longhaul::envtest {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string now_rfc3339() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string now_rfc3339() { return format_rfc3339(std::chrono::system_clock::now()); }
 
 const kube::Resource kNodes{"", "v1", "nodes", false, "Node"};
 

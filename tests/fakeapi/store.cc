@@ -7,6 +7,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "longhaul/base/rfc3339.h"
+
 namespace longhaul::fakeapi {
 namespace {
 
@@ -363,12 +365,7 @@ json StatusError::to_status() const {
 std::string base64(const std::string& bytes) { return base64_encode(bytes); }
 
 std::string now_rfc3339(std::chrono::seconds offset) {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + offset);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  return format_rfc3339(std::chrono::system_clock::now() + offset);
 }
 
 json selector_view(const json& object) {

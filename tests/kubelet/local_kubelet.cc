@@ -16,6 +16,7 @@
 
 #include <longhaul/base/error.h>
 #include <longhaul/base/log.h>
+#include <longhaul/base/rfc3339.h>
 #include <longhaul/kube/leader_election.h>
 
 namespace longhaul::kubelet {
@@ -34,15 +35,7 @@ std::string str(const json& object, const char* key) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-std::string rfc3339(std::chrono::system_clock::time_point t) {
-  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&tt, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-std::string now_rfc3339() { return rfc3339(std::chrono::system_clock::now()); }
+std::string now_rfc3339() { return format_rfc3339(std::chrono::system_clock::now()); }
 
 // What a container left at its terminationMessagePath, as a kubelet reports it: at most 4096
 // bytes; nullopt when it wrote nothing (or there is no file).

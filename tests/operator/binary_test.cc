@@ -1,8 +1,10 @@
 // Tests of the longhaul-operator binary as a process against the fake API server: metrics and
 // probes, graceful SIGTERM, SIGKILL mid-flight and restart, and two replicas electing a leader.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -124,6 +126,36 @@ TEST_F(Binary, KilledMidFlightAndRestartedMakesNoDuplicatesAndLosesNoJobs) {
   }
   EXPECT_EQ(server.count_requests({.verb = "create", .resource = "pods", .status = 201}), 15u);
   EXPECT_EQ(server.list("pods").size(), 15u);
+}
+
+// Regression: --log-level info did not override LONGHAUL_LOG_LEVEL=debug (only the levels other
+// than info were applied), so an operator told to log at info went on logging debug records.
+TEST_F(Binary, LogLevelFlagWinsOverTheEnvironment) {
+  const char* before = std::getenv("LONGHAUL_LOG_LEVEL");
+  const std::optional<std::string> saved =
+      before ? std::optional<std::string>(before) : std::nullopt;
+  ::setenv("LONGHAUL_LOG_LEVEL", "debug", 1);
+  auto debug = std::make_unique<OperatorProcess>(dir, "debug",
+                                                 std::vector<std::string>{"--leader-elect=false"});
+  auto info = std::make_unique<OperatorProcess>(
+      dir, "info", std::vector<std::string>{"--leader-elect=false", "--log-level=info"});
+  if (saved) {
+    ::setenv("LONGHAUL_LOG_LEVEL", saved->c_str(), 1);
+  } else {
+    ::unsetenv("LONGHAUL_LOG_LEVEL");
+  }
+  // The environment alone gives debug records (the informers' "informer listed").
+  ASSERT_TRUE(
+      eventually([&] { return debug->log().find("informer listed") != std::string::npos; }, 10s))
+      << debug->log();
+  debug->kill_hard();
+  // With --log-level info the same operator, having listed and reconciled a job, logged none.
+  server.create(kJobs, "default", job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); })) << info->log();
+  const std::string log = info->log();
+  EXPECT_NE(log.find("INFO"), std::string::npos) << log;
+  EXPECT_EQ(log.find("informer listed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("DEBUG"), std::string::npos) << log;
 }
 
 TEST_F(Binary, TwoReplicasElectOneLeaderAndTheOtherTakesOverWhenItDies) {

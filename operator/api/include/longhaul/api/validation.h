@@ -47,4 +47,13 @@ std::optional<long double> parse_quantity(std::string_view s);
 void validate_pod_template(const nlohmann::json& template_json, const std::string& path,
                            const LogdirSpec& logdir);
 
+// The kubelet kills a pod's containers terminationGracePeriodSeconds (default 30) after its
+// SIGTERM; a longhaul worker writes its final checkpoint and exits within its own
+// grace_period_secs. A container of `template_json` that sets grace_period_secs on its command
+// line (`--set=grace_period_secs=N` or `--set grace_period_secs=N`, in command or args) must
+// set it below the pod's terminationGracePeriodSeconds, or the final checkpoint is cut short;
+// throws InvalidArgument naming both fields and what to change. (A value in a config file is
+// not seen here.)
+void validate_grace_period(const nlohmann::json& template_json, const std::string& path);
+
 }  // namespace longhaul::api

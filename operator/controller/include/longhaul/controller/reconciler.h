@@ -44,6 +44,11 @@
 // means "exists", so pods are never duplicated. The in-memory Expectations only avoid redundant
 // writes while the pod view (an informer cache) lags behind the operator's own writes.
 //
+// Where: the decisions are pure functions in the policy files (failure_policy.h,
+// restart_policy.h, recovery_policy.h, success_policy.h, cleanup_policy.h); the pass that reads,
+// applies them and writes is Reconciler::Pass (reconciler_pass.h), its steps in reconciler.cc,
+// its status summary in job_status.cc and its writes in pod_writes.cc.
+//
 // Thread-safety: reconcile() may run concurrently for different keys; the work queue never
 // hands the same key to two workers at once.
 #pragma once

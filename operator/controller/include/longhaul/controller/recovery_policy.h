@@ -17,14 +17,18 @@
 // State lives in the job's status only (recoveringSince, replicaFailures, ...), so an operator
 // restarted mid-recovery measures and decides the same.
 //
-// Thread-safety: pure functions on values.
+// Thread-safety: functions on values. The decisions (count_replica_failure,
+// decide_replica_scope) return what they decided and change nothing; the recovery bookkeeping
+// (begin_, end_, abandon_recovery) changes only the status it is given.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/controller/restart_policy.h"
 
 namespace longhaul::controller {
 
@@ -32,10 +36,25 @@ inline constexpr int32_t kReplicaFailuresBeforeGroupRestart = 3;
 inline constexpr std::chrono::seconds kReplicaFailureWindow{600};
 inline constexpr int kGroupRestartExitCode = 138;
 
-// Records a retryable failure of `pod` in status.replicaFailures (dropping windows that ended)
-// and returns true when the replica keeps failing: it was already replaced
-// kReplicaFailuresBeforeGroupRestart times within the window, so the group should restart.
-bool replica_keeps_failing(api::TrainingJobStatus& st, const std::string& pod, api::Time now);
+struct ReplicaFailureCount {
+  std::map<std::string, api::ReplicaFailures> failures;  // status.replicaFailures after it
+  // The replica was already replaced kReplicaFailuresBeforeGroupRestart times within the
+  // window (this failure is not counted then): the group should restart.
+  bool keeps_failing = false;
+};
+
+// Counts a retryable failure of `pod` in `failures` (status.replicaFailures), dropping the
+// windows that ended by `now`.
+ReplicaFailureCount count_replica_failure(std::map<std::string, api::ReplicaFailures> failures,
+                                          const std::string& pod, api::Time now);
+
+// restartScope Replica: the decision for lost replicas (in.pods.lost()), completing `d` (which
+// carries in.replica_failures). A retryable exit kGroupRestartExitCode, else the first replica
+// that keeps failing, restarts the whole group (disruptions counted, one failure spent, a
+// recovery under way abandoned); otherwise disrupted replicas are replaced without spending the
+// budget, then each retryable failure spends one and is replaced, until backoffLimit is
+// exceeded (the job fails; the replacements decided before it stand).
+RestartDecision decide_replica_scope(const RestartInput& in, RestartDecision d);
 
 // Marks the start of a recovery (the group is short): Recovering=True with `reason` and
 // `message`, recoveringSince = now unless a recovery is already under way. Counts one recovery.
