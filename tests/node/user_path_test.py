@@ -1,0 +1,224 @@
+"""The user's path, end to end, on a real node (label `node;slow`; tests/node/node_harness.py):
+
+1. `helm install` of charts/longhaul through the Helm engine (helm-python-sdk, a real install
+   with Helm's release storage and `--wait`): the operator runs as the chart's Deployment from the
+   operator image under the chart's ServiceAccount, Ready by its probes, talking to the API server
+   through the `kubernetes` Service address like on any cluster.
+2. `kubectl apply -k` of examples/trainingjob-tiny.yaml, unchanged, through a kustomize overlay
+   that only renames the image to the locally built one (values-node.yaml and the overlay are
+   what a user of a one-node test cluster writes). The job trains in containers as a non-root
+   user on a claim bound to the node's hostPath volume; the Chief and the Worker find each other
+   with no cluster DNS; `kubectl get tj` shows STEP and LAST-CKPT while it trains; it succeeds
+   and the last checkpoint is on the volume.
+
+Images: OCI archives made by scripts/build-images.sh (`--worker cpu`), read from
+$LONGHAUL_IMAGES_DIR (default <build>/images): longhaul-worker-cpu.oci.tar
+(localhost/longhaul-worker:<version>-cpu) and longhaul-operator.oci.tar
+(localhost/longhaul-operator:<version>). Skips, saying how to build them, when they are missing.
+
+Run: tests/node/run_node_test.sh user_path_test.py  (as root; ctest does it: node_user_path_test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import node_harness as nh  # noqa: E402
+
+REPO = nh.REPO
+CHART = REPO / "charts" / "longhaul"
+EXAMPLES = REPO / "examples"
+ENVTEST = os.environ.get("LONGHAUL_ENVTEST", "")
+BINARY_DIR = pathlib.Path(os.environ.get("LONGHAUL_BINARY_DIR") or "/tmp")
+IMAGES_DIR = pathlib.Path(os.environ.get("LONGHAUL_IMAGES_DIR") or BINARY_DIR / "images")
+WORKDIR = BINARY_DIR / "node_user_path_test"
+VERSION = re.search(r"project\(longhaul VERSION ([0-9.]+)",
+                    (REPO / "CMakeLists.txt").read_text()).group(1)
+WORKER_IMAGE = f"localhost/longhaul-worker:{VERSION}-cpu"
+OPERATOR_IMAGE = f"localhost/longhaul-operator:{VERSION}"
+RELEASE, RELEASE_NS, JOB_NS = "longhaul", "longhaul-system", "ml"
+TRAIN_DEADLINE = 900.0  # two tiny replicas share 2 cores with the control plane and the operator
+
+
+def log(msg: str):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def node():
+    what = nh.missing()
+    if not ENVTEST:
+        what.append("LONGHAUL_ENVTEST naming the built longhaul-envtest (ctest sets it)")
+    if not shutil.which("kubectl"):
+        what.append("kubectl (the user's client: `kubectl apply -k`, `kubectl get tj`)")
+    archives = [IMAGES_DIR / "longhaul-worker-cpu.oci.tar", IMAGES_DIR / "longhaul-operator.oci.tar"]
+    absent = [str(a) for a in archives if not a.is_file()]
+    if absent:
+        what.append(f"the images {', '.join(absent)} (scripts/build-images.sh --worker cpu "
+                    f"--prebuilt <a `cmake --preset cpu` build> --local-base --out {IMAGES_DIR})")
+    if what:
+        pytest.skip(nh.skip_message(what))
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+    plane = nh.ControlPlane(ENVTEST, WORKDIR / "plane")
+    try:
+        with nh.Node(plane.info, WORKDIR / "node") as n:
+            for archive in archives:
+                n.import_image(archive)
+            held = n.images()
+            assert WORKER_IMAGE in held and OPERATOR_IMAGE in held, held
+            yield n
+    finally:
+        plane.stop()
+
+
+def kubectl(node: nh.Node, *args: str, input: str | None = None, check: bool = True) -> str:
+    result = subprocess.run(["kubectl", f"--kubeconfig={node.admin_kubeconfig}", *args],
+                            capture_output=True, text=True, input=input, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} exited {result.returncode}:\n"
+                             f"{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def get_json(node: nh.Node, *args: str) -> dict:
+    return json.loads(kubectl(node, "get", *args, "-o", "json"))
+
+
+def helm_install(node: nh.Node) -> dict:
+    import helm_python as helm
+    values = yaml.safe_load((pathlib.Path(__file__).with_name("values-node.yaml")).read_text())
+    with helm.Config(kubeconfig_path=str(node.admin_kubeconfig), namespace=RELEASE_NS) as cfg:
+        return cfg.install(str(CHART), RELEASE, values, namespace=RELEASE_NS,
+                           create_namespace=True, wait="watcher", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def operator(node):
+    """The chart installed; yields the operator pod once Ready."""
+    release = helm_install(node)
+    assert release.get("info", {}).get("status", release.get("status")) in (None, "deployed") or \
+        "deployed" in json.dumps(release), release
+    pods = get_json(node, "pods", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=operator")
+    assert len(pods["items"]) == 1, pods
+    yield pods["items"][0]
+
+
+def overlay(name: str, example: str) -> pathlib.Path:
+    """The example, unchanged, with a kustomization that points its image at the local build."""
+    folder = WORKDIR / "overlays" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(EXAMPLES / example, folder / example)
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": JOB_NS, "resources": [example],
+        "images": [{"name": "ghcr.io/longhaul-dev/longhaul-worker",
+                    "newName": WORKER_IMAGE.rsplit(":", 1)[0], "newTag": WORKER_IMAGE.rsplit(":", 1)[1]}]}))
+    return folder
+
+
+def get_tj_columns(node: nh.Node, job: str) -> dict[str, str]:
+    """`kubectl get tj JOB` as {column: value}."""
+    lines = kubectl(node, "get", "tj", job, "-n", JOB_NS).splitlines()
+    header, row = lines[0], lines[1]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    cols = {}
+    for i, s in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else None
+        cols[header[s:end].strip()] = row[s:end].strip()
+    return cols
+
+
+def ensure_job_namespace(node: nh.Node):
+    if kubectl(node, "get", "ns", JOB_NS, "--ignore-not-found", "-o", "name").strip():
+        return
+    kubectl(node, "create", "namespace", JOB_NS)
+    nh.eventually("the default ServiceAccount of " + JOB_NS, lambda: kubectl(
+        node, "get", "sa", "default", "-n", JOB_NS, "--ignore-not-found", "-o", "name").strip())
+
+
+def dump_on_failure(node: nh.Node, job: str) -> str:
+    out = [kubectl(node, "get", "tj,pods,pvc", "-n", JOB_NS, "-o", "wide", check=False),
+           kubectl(node, "describe", "tj", job, "-n", JOB_NS, check=False)[-3000:]]
+    for f in sorted(pathlib.Path("/var/log/pods").glob(f"{JOB_NS}_{job}-*/*/*.log"))[-4:]:
+        out.append(f"--- {f}\n" + f.read_text(errors="replace")[-2000:])
+    for f in sorted(pathlib.Path("/var/log/pods").glob(f"{RELEASE_NS}_*/*/*.log")):
+        out.append(f"--- {f}\n" + f.read_text(errors="replace")[-2000:])
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def test_operator_from_the_chart_runs_as_its_deployment_ready_by_its_probes(node, operator):
+    spec = operator["spec"]
+    container = spec["containers"][0]
+    assert container["image"] == OPERATOR_IMAGE
+    assert spec["serviceAccountName"] == "longhaul", spec["serviceAccountName"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert not spec.get("hostNetwork"), "the chart's pod network, not the host's"
+    conditions = {c["type"]: c["status"] for c in operator["status"]["conditions"]}
+    assert conditions.get("Ready") == "True", operator["status"]
+    assert operator["status"]["containerStatuses"][0]["restartCount"] == 0
+    deployment = get_json(node, "deployment", "-n", RELEASE_NS, "-l",
+                          "app.kubernetes.io/component=operator")["items"][0]
+    assert deployment["status"].get("availableReplicas") == 1, deployment["status"]
+    # The leader's Lease names the pod: the operator reached the API server from inside its pod.
+    lease = nh.eventually("the operator's Lease", lambda: kubectl(
+        node, "get", "lease", "-n", RELEASE_NS, "-o", "jsonpath={.items[*].spec.holderIdentity}",
+        check=False).strip())
+    assert lease == operator["metadata"]["name"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+
+
+def test_tiny_example_trains_to_success_with_step_and_last_ckpt_visible(node, operator):
+    job = "tiny"
+    ensure_job_namespace(node)
+    _, volume = node.add_volume()
+    kubectl(node, "apply", "-k", str(overlay(job, "trainingjob-tiny.yaml")))
+    try:
+        seen: dict[str, str] = {}
+
+        def progress_while_training():
+            cols = get_tj_columns(node, job)
+            if cols.get("PHASE") in ("Failed", "Succeeded"):
+                raise AssertionError(f"the job finished before STEP and LAST-CKPT showed: {cols}")
+            if cols.get("PHASE") == "Running" and cols.get("STEP", "") not in ("", "<none>") \
+                    and cols.get("LAST-CKPT", "") not in ("", "<none>"):
+                seen.update(cols)
+                return True
+            return False
+        nh.eventually("STEP and LAST-CKPT in `kubectl get tj` while the job trains",
+                      progress_while_training, TRAIN_DEADLINE, interval=1.0)
+        log(f"kubectl get tj {job}: {seen}")
+        step, total = (int(x) for x in seen["STEP"].split("/"))
+        assert 0 < step <= total == 160, seen
+
+        nh.eventually("the job Succeeded", lambda: get_json(node, "tj", job, "-n", JOB_NS)
+                      .get("status", {}).get("phase") in ("Succeeded", "Failed"), TRAIN_DEADLINE, 2.0)
+        status = get_json(node, "tj", job, "-n", JOB_NS)["status"]
+        assert status["phase"] == "Succeeded", status
+    except BaseException:
+        print(dump_on_failure(node, job))
+        raise
+
+    # The checkpoints are on the node's volume, written by a non-root user.
+    state = (volume / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "model.ckpt-160' in state, state
+    final = volume / "model.ckpt-160.safetensors"
+    assert final.is_file(), sorted(p.name for p in volume.iterdir())
+    assert final.stat().st_uid != 0, "the worker wrote its checkpoint as root"
