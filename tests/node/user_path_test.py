@@ -10,6 +10,8 @@
    user on a claim bound to the node's hostPath volume; the Chief and the Worker find each other
    with no cluster DNS; `kubectl get tj` shows STEP and LAST-CKPT while it trains; it succeeds
    and the last checkpoint is on the volume.
+3. `helm uninstall` and deleting the job while it trains leave the claim and its checkpoints;
+   a second `helm install` and the same `kubectl apply -k` resume the job from them.
 
 Images: OCI archives made by scripts/build-images.sh (`--worker cpu`), read from
 $LONGHAUL_IMAGES_DIR (default <build>/images): longhaul-worker-cpu.oci.tar
@@ -98,6 +100,27 @@ def get_json(node: nh.Node, *args: str) -> dict:
     return json.loads(kubectl(node, "get", *args, "-o", "json"))
 
 
+def pod_log(node: nh.Node, ns: str, pod: str) -> str:
+    """The container log of the pod now named `pod` (the kubelet's files; no kubectl logs here)."""
+    uid = get_json(node, "pod", pod, "-n", ns)["metadata"]["uid"]
+    return "\n".join(f.read_text(errors="replace")
+                     for f in sorted(pathlib.Path("/var/log/pods").glob(f"{ns}_{pod}_{uid}/*/*.log")))
+
+
+def latest_checkpoint_step(volume: pathlib.Path) -> int:
+    state = volume / "checkpoint"
+    if not state.is_file():
+        return 0
+    m = re.search(r'model_checkpoint_path: "model\.ckpt-(\d+)', state.read_text())
+    return int(m.group(1)) if m else 0
+
+
+def helm_uninstall(node: nh.Node):
+    import helm_python as helm
+    with helm.Config(kubeconfig_path=str(node.admin_kubeconfig), namespace=RELEASE_NS) as cfg:
+        cfg.uninstall(RELEASE, wait="watcher", timeout=120)
+
+
 def helm_install(node: nh.Node) -> dict:
     import helm_python as helm
     values = yaml.safe_load((pathlib.Path(__file__).with_name("values-node.yaml")).read_text())
@@ -117,14 +140,14 @@ def operator(node):
     yield pods["items"][0]
 
 
-def overlay(name: str, example: str) -> pathlib.Path:
+def overlay(name: str, example: str, namespace: str = JOB_NS) -> pathlib.Path:
     """The example, unchanged, with a kustomization that points its image at the local build."""
     folder = WORKDIR / "overlays" / name
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(EXAMPLES / example, folder / example)
     (folder / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "namespace": JOB_NS, "resources": [example],
+        "namespace": namespace, "resources": [example],
         "images": [{"name": "ghcr.io/longhaul-dev/longhaul-worker",
                     "newName": WORKER_IMAGE.rsplit(":", 1)[0], "newTag": WORKER_IMAGE.rsplit(":", 1)[1]}]}))
     return folder
@@ -142,18 +165,18 @@ def get_tj_columns(node: nh.Node, job: str) -> dict[str, str]:
     return cols
 
 
-def ensure_job_namespace(node: nh.Node):
-    if kubectl(node, "get", "ns", JOB_NS, "--ignore-not-found", "-o", "name").strip():
+def ensure_job_namespace(node: nh.Node, ns: str = JOB_NS):
+    if kubectl(node, "get", "ns", ns, "--ignore-not-found", "-o", "name").strip():
         return
-    kubectl(node, "create", "namespace", JOB_NS)
-    nh.eventually("the default ServiceAccount of " + JOB_NS, lambda: kubectl(
-        node, "get", "sa", "default", "-n", JOB_NS, "--ignore-not-found", "-o", "name").strip())
+    kubectl(node, "create", "namespace", ns)
+    nh.eventually("the default ServiceAccount of " + ns, lambda: kubectl(
+        node, "get", "sa", "default", "-n", ns, "--ignore-not-found", "-o", "name").strip())
 
 
-def dump_on_failure(node: nh.Node, job: str) -> str:
-    out = [kubectl(node, "get", "tj,pods,pvc", "-n", JOB_NS, "-o", "wide", check=False),
-           kubectl(node, "describe", "tj", job, "-n", JOB_NS, check=False)[-3000:]]
-    for f in sorted(pathlib.Path("/var/log/pods").glob(f"{JOB_NS}_{job}-*/*/*.log"))[-4:]:
+def dump_on_failure(node: nh.Node, job: str, ns: str = JOB_NS) -> str:
+    out = [kubectl(node, "get", "tj,pods,pvc", "-n", ns, "-o", "wide", check=False),
+           kubectl(node, "describe", "tj", job, "-n", ns, check=False)[-3000:]]
+    for f in sorted(pathlib.Path("/var/log/pods").glob(f"{ns}_{job}-*/*/*.log"))[-4:]:
         out.append(f"--- {f}\n" + f.read_text(errors="replace")[-2000:])
     for f in sorted(pathlib.Path("/var/log/pods").glob(f"{RELEASE_NS}_*/*/*.log")):
         out.append(f"--- {f}\n" + f.read_text(errors="replace")[-2000:])
@@ -222,3 +245,46 @@ def test_tiny_example_trains_to_success_with_step_and_last_ckpt_visible(node, op
     final = volume / "model.ckpt-160.safetensors"
     assert final.is_file(), sorted(p.name for p in volume.iterdir())
     assert final.stat().st_uid != 0, "the worker wrote its checkpoint as root"
+
+
+def test_helm_uninstall_and_deleting_the_job_keep_the_claim_and_a_reinstall_resumes(node, operator):
+    job, ns = "tiny", "ml-resume"
+    ensure_job_namespace(node, ns)
+    _, volume = node.add_volume()
+    folder = overlay("resume", "trainingjob-tiny.yaml", namespace=ns)
+    kubectl(node, "apply", "-k", str(folder))
+    try:
+        nh.eventually("a first checkpoint on the volume", lambda: latest_checkpoint_step(volume) > 0,
+                      TRAIN_DEADLINE, interval=0.2)
+        # The user deletes the job and uninstalls the chart while it trains.
+        kubectl(node, "delete", "tj", job, "-n", ns, "--wait=false")
+        helm_uninstall(node)
+        nh.eventually("the operator pod gone after helm uninstall",
+                      lambda: not get_json(node, "pods", "-n", RELEASE_NS)["items"], 120)
+        nh.eventually("the job's pods deleted with it", lambda: not get_json(
+            node, "pods", "-n", ns, "-l", f"longhaul.dev/job-name={job}")["items"], 120)
+    except BaseException:
+        print(dump_on_failure(node, job, ns))
+        raise
+    claim = get_json(node, "pvc", f"{job}-logdir", "-n", ns)
+    assert claim["status"]["phase"] == "Bound", claim["status"]
+    kept = latest_checkpoint_step(volume)
+    assert 0 < kept < 160, f"the job was stopped at step {kept}: nothing left to resume"
+    assert (volume / f"model.ckpt-{kept}.safetensors").is_file()
+
+    # A second install and the same manifest: the job resumes from the kept checkpoint.
+    helm_install(node)
+    kubectl(node, "apply", "-k", str(folder))
+    try:
+        nh.eventually("the resumed job Succeeded", lambda: get_json(node, "tj", job, "-n", ns)
+                      .get("status", {}).get("phase") in ("Succeeded", "Failed"), TRAIN_DEADLINE, 2.0)
+        assert get_json(node, "tj", job, "-n", ns)["status"]["phase"] == "Succeeded"
+        chief_log = pod_log(node, ns, f"{job}-chief-0")
+    except BaseException:
+        print(dump_on_failure(node, job, ns))
+        raise
+    restored = re.search(r'restored checkpoint.*model\.ckpt-(\d+)', chief_log)
+    assert restored, "the resumed chief did not restore a checkpoint:\n" + chief_log[-3000:]
+    assert int(restored.group(1)) >= kept
+    assert not re.search(r"step\s+1/160", chief_log), "the resumed chief started again from step 1"
+    assert latest_checkpoint_step(volume) == 160
