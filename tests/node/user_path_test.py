@@ -10,7 +10,13 @@
    user on a claim bound to the node's hostPath volume; the Chief and the Worker find each other
    with no cluster DNS; `kubectl get tj` shows STEP and LAST-CKPT while it trains; it succeeds
    and the last checkpoint is on the volume.
-3. `helm uninstall` and deleting the job while it trains leave the claim and its checkpoints;
+3. Faults on the node, on a Chief + 2 Workers job under `restartScope: Replica` (the shape of
+   examples/trainingjob-reference.yaml, shortened): a worker evicted through the Eviction API,
+   a worker deleted with its grace period, a worker's process SIGKILLed, the kubelet restarted.
+   The job succeeds, the chief is never re-created, no step is redone (the chief logs each step
+   once, no replica reads a checkpoint, STEP never goes back), and the final parameters equal
+   those of an uninterrupted run of the same job on the same node and image (fp32 tolerance).
+4. `helm uninstall` and deleting the job while it trains leave the claim and its checkpoints;
    a second `helm install` and the same `kubectl apply -k` resume the job from them.
 
 Images: OCI archives made by scripts/build-images.sh (`--worker cpu`), read from
@@ -245,6 +251,150 @@ def test_tiny_example_trains_to_success_with_step_and_last_ckpt_visible(node, op
     final = volume / "model.ckpt-160.safetensors"
     assert final.is_file(), sorted(p.name for p in volume.iterdir())
     assert final.stat().st_uid != 0, "the worker wrote its checkpoint as root"
+
+
+# ------------------------------------------------------------------------------ faults
+
+FAULT_STEPS = 400
+
+
+def fault_job(name: str) -> dict:
+    """examples/trainingjob-reference.yaml's shape (a Chief and two Workers, restartScope
+    Replica: a lost replica is replaced alone and the survivors regroup in place), shortened to
+    FAULT_STEPS steps with a checkpoint every 50, for the local image."""
+    args = ["train", "--set=device=cpu", "--set=model.preset=tiny", "--set=training.batch_size=4",
+            "--set=training.total_batch_tokens=768", f"--set=training.max_steps={FAULT_STEPS}",
+            "--set=checkpoint.save_model_steps=50", "--set=checkpoint.save_model_secs=0",
+            "--set=log.every_steps=10", "--set=summaries.every_steps=50", "--set=eval.every_steps=0",
+            "--set=supervisor.recovery_wait_secs=1", "--metrics-port=9400"]
+    template = {"spec": {"terminationGracePeriodSeconds": 30, "containers": [{
+        "name": "worker", "image": WORKER_IMAGE, "args": args,
+        "ports": [{"name": "metrics", "containerPort": 9400}]}]}}
+    return {"apiVersion": "longhaul.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": "ml-faults"},
+            "spec": {"progressIntervalSeconds": 5,
+                     "logdir": {"size": "1Gi", "accessModes": ["ReadWriteMany"]},
+                     "runPolicy": {"restartScope": "Replica", "backoffLimit": 6,
+                                   "backoff": {"initialSeconds": 1, "maxSeconds": 10}},
+                     "replicaSpecs": {
+                         "Chief": {"replicas": 1, "restartPolicy": "ExitCode", "template": template},
+                         "Worker": {"replicas": 2, "restartPolicy": "ExitCode", "template": template}}}}
+
+
+def read_safetensors(path: pathlib.Path) -> dict:
+    import numpy as np
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__" or t["dtype"] != "F32":
+            continue
+        b, e = t["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + b:8 + n + e], dtype=np.float32).reshape(t["shape"])
+    return out
+
+
+def worker_pid(pod: dict) -> int:
+    """The longhaul-worker process of a pod's container, found by the pod's cgroup."""
+    uid = pod["metadata"]["uid"]
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"pod{uid}" in (d / "cgroup").read_text() and \
+                    b"longhaul-worker" in (d / "cmdline").read_bytes().split(b"\0")[0]:
+                return int(d.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no longhaul-worker process in pod {pod['metadata']['name']}'s cgroups")
+
+
+def run_fault_job(node: nh.Node, name: str, faults) -> pathlib.Path:
+    """Runs fault_job(name) to success on a fresh volume; before each fault (fn(pods)), waits
+    until the step advanced past the next multiple of FAULT_STEPS/(len(faults)+1) and every
+    replica runs. Returns the volume."""
+    ns = "ml-faults"
+    ensure_job_namespace(node, ns)
+    _, volume = node.add_volume()
+    kubectl(node, "apply", "-f", "-", input=json.dumps(fault_job(name)))
+    steps_seen = []
+
+    def status():
+        return get_json(node, "tj", name, "-n", ns).get("status", {})
+
+    def step() -> int:
+        s = int((status().get("progress") or {}).get("step", 0))
+        steps_seen.append(s)
+        return s
+    try:
+        for i, fault in enumerate(faults, start=1):
+            target = FAULT_STEPS * i // (len(faults) + 1)
+            nh.eventually(f"step {target} with every replica running before fault {i}",
+                          lambda: step() >= target and status().get("phase") == "Running"
+                          and status().get("ready") == "3/3", TRAIN_DEADLINE, 0.5)
+            pods = {p["metadata"]["name"]: p for p in get_json(
+                node, "pods", "-n", ns, "-l", f"longhaul.dev/job-name={name}")["items"]
+                if not p["metadata"].get("deletionTimestamp")}
+            log(f"{name}: fault {i} at step {steps_seen[-1]}: {fault.__doc__}")
+            fault(pods)
+        nh.eventually(f"{name} Succeeded", lambda: (step() or True) and status().get("phase")
+                      in ("Succeeded", "Failed"), TRAIN_DEADLINE, 1.0)
+        assert status()["phase"] == "Succeeded", status()
+    except BaseException:
+        print(dump_on_failure(node, name, ns))
+        raise
+    assert steps_seen == sorted(steps_seen), f"STEP went back: {steps_seen}"
+    return volume
+
+
+def test_faults_on_the_node_redo_no_step_and_end_where_an_uninterrupted_run_ends(node, operator):
+    ns = "ml-faults"
+    reference = run_fault_job(node, "uninterrupted", [])
+
+    chief_uid = {}
+
+    def evict(pods):
+        """worker-1 evicted through the Eviction API"""
+        chief_uid["uid"] = pods["faults-chief-0"]["metadata"]["uid"]
+        node.api.call("POST", f"/api/v1/namespaces/{ns}/pods/faults-worker-1/eviction", {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": "faults-worker-1", "namespace": ns}})
+
+    def delete(pods):
+        """worker-0 deleted with its grace period"""
+        kubectl(node, "delete", "pod", "faults-worker-0", "-n", ns, "--wait=false")
+
+    def sigkill(pods):
+        """worker-1's longhaul-worker process killed with SIGKILL"""
+        os.kill(worker_pid(pods["faults-worker-1"]), 9)
+
+    def restart_kubelet(pods):
+        """the kubelet restarted"""
+        node.restart_kubelet()
+
+    faulted = run_fault_job(node, "faults", [evict, delete, sigkill, restart_kubelet])
+
+    status = get_json(node, "tj", "faults", "-n", ns)["status"]
+    log(f"faults: status {json.dumps({k: status.get(k) for k in ('restartCount', 'preemptionCount', 'recoveries', 'failureBudget')})}")
+    chief = get_json(node, "pod", "faults-chief-0", "-n", ns)
+    assert chief["metadata"]["uid"] == chief_uid["uid"], "the chief was re-created, though never lost"
+    # No step redone: the chief (never lost) logged each step once, in order; no replica read a
+    # checkpoint (the replacements took the state from the survivors).
+    chief_log = pod_log(node, ns, "faults-chief-0")
+    logged = [int(m) for m in re.findall(r"step\s+(\d+)/" + str(FAULT_STEPS), chief_log)]
+    assert logged == sorted(set(logged)) and logged[-1] == FAULT_STEPS, logged
+    for f in pathlib.Path("/var/log/pods").glob(f"{ns}_faults-*/*/*.log"):
+        assert "restored checkpoint" not in f.read_text(errors="replace"), f"{f} read a checkpoint"
+    # The same parameters as the uninterrupted run (fp32 tolerance).
+    import numpy as np
+    want = read_safetensors(reference / f"model.ckpt-{FAULT_STEPS}.safetensors")
+    got = read_safetensors(faulted / f"model.ckpt-{FAULT_STEPS}.safetensors")
+    assert want.keys() == got.keys()
+    params = [k for k in want if k.startswith(("transformer.", "lm_head"))]
+    assert params
+    for k in params:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_helm_uninstall_and_deleting_the_job_keep_the_claim_and_a_reinstall_resumes(node, operator):
