@@ -346,6 +346,40 @@ class _Process:
         self._out.close()
 
 
+class node_lock:
+    """One node per machine: an abstract unix socket (nothing on disk, released when the process
+    dies), waited for up to 10 minutes. Reentrant within a process, so that a test can hold it
+    around a Node's whole life (e.g. to compare host state before and after it)."""
+
+    _sock: socket.socket | None = None
+    _depth = 0
+
+    def __enter__(self):
+        cls = node_lock
+        if cls._depth == 0:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            end = time.monotonic() + 600
+            while True:
+                try:
+                    sock.bind("\0longhaul-node-lock")
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        sock.close()
+                        raise NodeError("another longhaul node runs on this machine for 10 minutes")
+                    time.sleep(1)
+            cls._sock = sock
+        cls._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        cls = node_lock
+        cls._depth -= 1
+        if cls._depth == 0 and cls._sock is not None:
+            cls._sock.close()
+            cls._sock = None
+
+
 class Node:
     """One real node against the control plane described by `plane` (longhaul-envtest's info
     file: server, caFile, workDir, kubeconfig). start() cleans up what a killed run left, then
@@ -363,7 +397,7 @@ class Node:
         self.api_port = int(plane["server"].rsplit(":", 1)[1])
         self.socket = self.root / "containerd" / "containerd.sock"
         self._procs: list[_Process] = []
-        self._lock: socket.socket | None = None
+        self._lock: node_lock | None = None
         self._volumes = 0
         self._started = int(time.time() * 1000) % (1 << 32)  # names this node's volumes
 
@@ -404,22 +438,12 @@ class Node:
         self._procs.clear()
         clean_leftovers()
         if self._lock is not None:
-            self._lock.close()
+            self._lock.__exit__(None, None, None)
             self._lock = None
 
     def _take_lock(self):
-        # An abstract unix socket: nothing on disk, released when this process dies.
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        end = time.monotonic() + 600
-        while True:
-            try:
-                sock.bind("\0longhaul-node-lock")
-                self._lock = sock
-                return
-            except OSError:
-                if time.monotonic() > end:
-                    raise NodeError("another longhaul node runs on this machine for 10 minutes")
-                time.sleep(1)
+        self._lock = node_lock()
+        self._lock.__enter__()
 
     def _spawn(self, name: str, argv: list[str]) -> _Process:
         p = _Process(name, argv, self.log_dir / f"{name}.log")

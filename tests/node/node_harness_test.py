@@ -82,8 +82,15 @@ def container_log(name: str) -> str:
                      for p in pathlib.Path("/var/log/pods").glob(f"*_{name}_*/*/*.log"))
 
 
+@pytest.fixture
+def node_lock():
+    # Held around before/after comparisons: no other node may change the host meanwhile.
+    with nh.node_lock():
+        yield
+
+
 def test_a_pod_with_a_local_image_runs_as_non_root_on_the_nodes_volume_then_nothing_is_left(
-        plane, busybox):
+        plane, busybox, node_lock):
     before = host_state()
     ns = "harness"
     with nh.Node(plane.info, WORKDIR / "node") as node:
@@ -129,7 +136,8 @@ def test_a_pod_with_a_local_image_runs_as_non_root_on_the_nodes_volume_then_noth
 
 
 def test_what_a_killed_run_left_is_removed_by_the_next_start(plane, busybox):
-    before = host_state()
+    with nh.node_lock():  # not held while the child harness (another process) runs its node
+        before = host_state()
     info = WORKDIR / "killed" / "info.json"
     info.parent.mkdir(parents=True, exist_ok=True)
     log = open(WORKDIR / "killed" / "harness.log", "wb")
