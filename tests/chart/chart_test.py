@@ -537,6 +537,19 @@ def crd_files(directory: pathlib.Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.glob("*.yaml"))}
 
 
+def test_kube_version_admits_kubernetes_1_26_the_oldest_supported():
+    # Regression: Chart.yaml said ">=1.27.0-0", so `helm install` refused the v1.26.4 cluster of
+    # the real-node test (tests/node/user_path_test.py), though 1.26 is the oldest version the
+    # project supports and tests (README, "Testing against a real API server").
+    import re
+    constraint = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    match = re.fullmatch(r">=\s*(\d+)\.(\d+)\.(\d+)(-0)?", constraint)
+    assert match, f"kubeVersion {constraint!r}: expected a single lower bound like >=1.26.0-0"
+    assert (int(match[1]), int(match[2])) <= (1, 26), \
+        f"kubeVersion {constraint!r} refuses Kubernetes 1.26, the oldest supported version"
+    assert match[4] == "-0", "without -0 Helm refuses pre-release and vendor builds (v1.26.4-gke.1)"
+
+
 def test_chart_crds_are_a_copy_of_the_top_level_crds():
     top = crd_files(REPO / "crds")
     chart = crd_files(CHART / "crds")

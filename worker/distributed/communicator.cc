@@ -215,6 +215,31 @@ class ConnectStore : public gloo::rendezvous::FileStore {
   std::function<bool()> cancelled_;
 };
 
+// bindable_address(host) when `host` resolves. Otherwise, when `host` is this pod's own DNS
+// name (its first label is this machine's hostname, as Kubernetes sets hostname + subdomain),
+// bindable_address(hostname): the pod's /etc/hosts maps its hostname to its IP, so replicas on a
+// cluster without DNS for pods (or before the name is published) still bind their pod IP. Peers
+// learn that address through the rendezvous store, never by name. Throws what
+// bindable_address(host) threw when neither works.
+std::string own_address(const std::string& host, int rank) {
+  try {
+    return bindable_address(host, rank);
+  } catch (const Unavailable&) {
+    const std::string me = host_name();
+    const auto dot = host.find('.');
+    if (dot == std::string::npos || host.compare(0, dot, me) != 0) throw;
+    std::optional<std::string> fallback;
+    try {
+      fallback = bindable_address(me, rank);
+    } catch (const Error&) {
+    }
+    if (!fallback) throw;  // the original error, naming `host`
+    LH_LOG(INFO) << "this replica's DNS name does not resolve; binding its hostname's address"
+                 << kv("host", host) << kv("hostname", me) << kv("address", *fallback);
+    return *fallback;
+  }
+}
+
 // A communicator of one: every collective is the identity.
 class SoloCommunicator : public Communicator {
  public:
@@ -774,7 +799,7 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
       const auto give_up = start + to_ms(o.max_wait_secs);
       while (true) {
         try {
-          attr.hostname = bindable_address(o.bind_host, o.rank);
+          attr.hostname = own_address(o.bind_host, o.rank);
           break;
         } catch (const Unavailable& e) {
           if (Clock::now() >= give_up) throw InvalidArgument(e.what());

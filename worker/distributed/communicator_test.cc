@@ -16,6 +16,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
@@ -283,6 +284,27 @@ TEST_F(CommunicatorTest, UnresolvableOwnAddressNamesTheHostOverride) {
     EXPECT_THAT(e.what(), HasSubstr("cannot resolve its address 'no-such-pod"));
     EXPECT_THAT(e.what(), HasSubstr("LONGHAUL_HOST_OVERRIDE=127.0.0.1"));
   }
+}
+
+// Regression: on a node without cluster DNS (the real-node test, tests/node), every replica
+// waited for its own TF_CONFIG name (tiny-chief-0.tiny.ml.svc) to resolve until max_wait_secs,
+// though the pod's /etc/hosts maps its hostname (the name's first label) to its IP.
+TEST_F(CommunicatorTest, PodDnsNameThatDoesNotResolveFallsBackToItsHostname) {
+  char hostname[256] = {};
+  ASSERT_EQ(::gethostname(hostname, sizeof hostname - 1), 0);
+  std::vector<std::future<float>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto o = options(r, 2);
+      o.bind_host = std::string(hostname) + ".no-such-subdomain.invalid";
+      o.max_wait_secs = 5;
+      auto comm = rendezvous(o);
+      std::vector<float> v{1};
+      comm->allreduce_sum(v);
+      return v[0];
+    }));
+  }
+  for (auto& f : ranks) EXPECT_EQ(f.get(), 2.0f);
 }
 
 TEST_F(CommunicatorTest, AddressOfAnotherMachineIsRefused) {
