@@ -2,8 +2,11 @@
 # Installs every Debian package longhaul needs to build, test and run. Idempotent: packages that
 # are already installed are left alone, so README, .ci/run and the Dockerfiles can all call it.
 #
-#   scripts/install-deps.sh            build + test dependencies
-#   scripts/install-deps.sh --runtime  only the shared libraries the binaries need at run time
+#   scripts/install-deps.sh            build + test dependencies (README, scripts/test.sh, CI)
+#   scripts/install-deps.sh --build    only what building needs (the images' build stages)
+#   scripts/install-deps.sh --runtime [worker|operator]
+#                                      only the shared libraries the binaries (or one of them)
+#                                      need at run time
 set -euo pipefail
 
 build_packages=(
@@ -11,16 +14,37 @@ build_packages=(
   libcpprest-dev libyaml-cpp-dev prometheus-cpp-dev libgtest-dev libgmock-dev libgloo-dev
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libssl-dev zlib1g-dev
   libopenblas-dev python3 python3-venv
-  prometheus  # only for tests: a real Prometheus scrapes the worker and operator (promtool too)
-  etcd-server xz-utils  # only for tests: etcd under the real kube-apiserver (tests/envtest)
 )
-runtime_packages=(
-  libcpprest2.10 libyaml-cpp0.7 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
-  libgloo0 libprotobuf32 libopenblas0-pthread libssl3 zlib1g ca-certificates
+# Only for tests (never in an image).
+test_packages=(
+  prometheus  # a real Prometheus scrapes the worker and operator (promtool too)
+  etcd-server xz-utils  # etcd under the real kube-apiserver (tests/envtest)
+  # Container images and the real node (tests/images, tests/node): scripts/build-images.sh makes
+  # a Debian 12 base from Debian's archive (mmdebstrap), builds docker/*.Dockerfile with podman
+  # (buildah inside) and runs them with runc; the real-node harness runs the kubelet on
+  # containerd + runc with the CNI bridge plugins, catatonit as the pause image, iproute2 for
+  # the bridge.
+  podman buildah mmdebstrap runc
+  containerd containernetworking-plugins catatonit iproute2
 )
+# The shared libraries of the binaries, for the images' runtime stages: those both load, then
+# each binary's own (tests/chart/runtime_deps_test.py checks them against ldd).
+runtime_packages=(libyaml-cpp0.7 libprometheus-cpp-core1.0 zlib1g ca-certificates)
+worker_runtime_packages=(libopenblas0-pthread libgloo0 libprotobuf32)
+operator_runtime_packages=(libcpprest2.10 libprometheus-cpp-pull1.0 libssl3)
 
-packages=("${build_packages[@]}")
-if [[ "${1:-}" == "--runtime" ]]; then packages=("${runtime_packages[@]}"); fi
+case "${1:-}" in
+  "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+  --build) packages=("${build_packages[@]}") ;;
+  --runtime)
+    case "${2:-}" in
+      "") packages=("${runtime_packages[@]}" "${worker_runtime_packages[@]}" "${operator_runtime_packages[@]}") ;;
+      worker) packages=("${runtime_packages[@]}" "${worker_runtime_packages[@]}") ;;
+      operator) packages=("${runtime_packages[@]}" "${operator_runtime_packages[@]}") ;;
+      *) echo "usage: scripts/install-deps.sh --runtime [worker|operator]" >&2; exit 2 ;;
+    esac ;;
+  *) echo "usage: scripts/install-deps.sh [--build | --runtime [worker|operator]]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -193,6 +193,7 @@ void serve_until_signalled(const sigset_t& signals, controller::Controller& ctl,
 
 int run(int argc, char** argv) {
   CLI::App app{"longhaul-operator: reconciles TrainingJobs (longhaul.dev/v1alpha1)"};
+  app.set_version_flag("--version", std::string("longhaul-operator ") + LONGHAUL_VERSION);
   Flags flags;
   add_flags(app, flags);
   CLI11_PARSE(app, argc, argv);

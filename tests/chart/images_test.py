@@ -1,7 +1,9 @@
-"""Static checks of docker/*.Dockerfile and .dockerignore. No container engine runs here, so this
-guards what CI's image build relies on: multi-stage, the same install script and CMake preset
-as CI, a minimal runtime stage that runs as the non-root UID the chart expects, the right
-entrypoint, and COPY sources and binary paths that exist in the repository.
+"""Static checks of docker/*.Dockerfile and .dockerignore, which run without a container engine
+(tests/images/images_test.py builds and runs the images where podman is installed): multi-stage,
+the same install script and CMake preset as CI, Debian bases as build arguments, a CPU worker
+variant built without CUDA, runtime stages that run as the non-root UID the chart expects with
+the binary as PID 1, prebuilt targets that are the same runtime stages, and COPY sources and
+binary paths that exist in the repository.
 """
 
 from __future__ import annotations
@@ -50,47 +52,70 @@ def stages(path: pathlib.Path) -> dict[str, list[tuple[str, str]]]:
     return result
 
 
+# dockerfile -> binary, its CMake folder, and per variant: (build stage, runtime stage, target
+# built from source, target packing prebuilt binaries). The last stage is what `docker build`
+# gives users by default.
 IMAGES = {
-    "worker.Dockerfile": ("longhaul-worker", "worker/cli", "${DEBIAN_SLIM_IMAGE}"),
-    "operator.Dockerfile": ("longhaul-operator", "operator/cli", "${DEBIAN_SLIM_IMAGE}"),
+    "worker.Dockerfile": ("longhaul-worker", "worker/cli", {
+        "cpu": ("build-cpu", "runtime-cpu", "cpu", "cpu-prebuilt"),
+        "cuda": ("build-cuda", "runtime-cuda", "cuda", "cuda-prebuilt"),
+    }, "cuda"),
+    "operator.Dockerfile": ("longhaul-operator", "operator/cli", {
+        "operator": ("build", "runtime-base", "runtime", "prebuilt"),
+    }, "runtime"),
 }
+
+
+def runs(stage) -> str:
+    return " ".join(rest for word, rest in stage if word == "RUN")
 
 
 @pytest.mark.parametrize("dockerfile", sorted(IMAGES))
 def test_image_is_multi_stage_and_builds_like_ci(dockerfile):
     path = REPO / "docker" / dockerfile
-    binary, cli_dir, runtime_base = IMAGES[dockerfile]
+    binary, cli_dir, variants, default_target = IMAGES[dockerfile]
     s = stages(path)
-    assert list(s) == ["build", "runtime"], list(s)
+    assert list(s)[-1] == default_target, f"{dockerfile}: users' default is the last stage"
     text = path.read_text()
-    assert re.search(r"ARG DEBIAN_SLIM_IMAGE=debian:12-slim", text)
-    build_runs = " ".join(rest for word, rest in s["build"] if word == "RUN")
-    assert "scripts/install-deps.sh" in build_runs and "--runtime" not in build_runs
-    assert "cmake --preset ci" in build_runs
-    assert f"cmake --build --preset ci --target {binary}" in build_runs
-    assert f"build/ci/{cli_dir}/{binary}" in build_runs
-    runtime = s["runtime"]
-    assert runtime[0] == ("FROM", runtime_base)
-    runtime_runs = " ".join(rest for word, rest in runtime if word == "RUN")
-    assert "install-deps.sh --runtime" in runtime_runs
-    assert "ldd /usr/local/bin/" + binary in runtime_runs
-    for forbidden in ("build-essential", "cmake", "-dev ", "nvcc"):
-        assert forbidden not in runtime_runs, f"runtime stage installs {forbidden}"
-    assert [w for w, _ in runtime][-1] == "ENTRYPOINT" or ("ENTRYPOINT", f'["{binary}"]') in runtime
-    assert ("ENTRYPOINT", f'["{binary}"]') in runtime
-    users = [rest for word, rest in runtime if word == "USER"]
-    assert users and re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", users[-1]), users
-    uid = int(users[-1].split(":")[0])
+    assert re.search(r"^ARG DEBIAN_IMAGE=debian:12$", text, re.M)
+    assert re.search(r"^ARG DEBIAN_SLIM_IMAGE=debian:12-slim$", text, re.M)
     chart_uid = yaml.safe_load(CHART_VALUES.read_text())["podSecurityContext"]["runAsUser"]
-    if binary == "longhaul-operator":
-        assert uid == chart_uid, "the chart's runAsUser must be the image's user"
-    # Every COPY source from the build context exists.
+    for build, runtime, from_source, prebuilt in variants.values():
+        assert s[build][0] == ("FROM", "${DEBIAN_IMAGE}"), "the build base is a build argument"
+        build_runs = runs(s[build])
+        assert "scripts/install-deps.sh --build" in build_runs and "--runtime" not in build_runs
+        assert "cmake --preset ci" in build_runs
+        assert f"cmake --build --preset ci --target {binary}" in build_runs
+        assert f"build/ci/{cli_dir}/{binary}" in build_runs
+        rt = s[runtime]
+        assert rt[0] == ("FROM", "${DEBIAN_SLIM_IMAGE}"), "the runtime base is a build argument"
+        runtime_runs = runs(rt)
+        image = binary.removeprefix("longhaul-")
+        assert f"install-deps.sh --runtime {image}" in runtime_runs
+        for forbidden in ("build-essential", "cmake", "-dev ", "nvcc"):
+            assert forbidden not in runtime_runs, f"{runtime} installs {forbidden}"
+        # Exec form: PID 1 is the binary itself, which handles SIGTERM.
+        assert ("ENTRYPOINT", f'["{binary}"]') in rt
+        users = [rest for word, rest in rt if word == "USER"]
+        assert users and re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", users[-1]), users
+        if binary == "longhaul-operator":
+            assert int(users[-1].split(":")[0]) == chart_uid, \
+                "the chart's runAsUser must be the image's user"
+        # The source-built and the prebuilt targets are the SAME runtime stage plus the binary,
+        # checked by ldd.
+        for target, source in ((from_source, f"--from={build} /out/{binary}"),
+                               (prebuilt, f"prebuilt/{binary}")):
+            assert s[target][0] == ("FROM", runtime), f"{target} must start from {runtime}"
+            assert [w for w, _ in s[target]] == ["FROM", "COPY", "RUN"], target
+            assert s[target][1] == ("COPY", f"{source} /usr/local/bin/{binary}"), s[target][1]
+            assert f"ldd /usr/local/bin/{binary}" in runs(s[target])
+    # Every COPY source from the build context exists (prebuilt/ is made by build-images.sh).
     for stage in s.values():
         for word, rest in stage:
             if word == "COPY" and "--from=" not in rest:
-                sources = rest.split()[:-1]
-                for src in sources:
-                    assert src == "." or (REPO / src).exists(), f"COPY {src}: no such path"
+                for src in rest.split()[:-1]:
+                    assert src == "." or src.startswith("prebuilt/") or (REPO / src).exists(), \
+                        f"COPY {src}: no such path"
     # Where the binary comes from: its CMake folder names the target.
     cli_cmake = REPO / cli_dir / "CMakeLists.txt"
     if cli_cmake.exists():
@@ -98,11 +123,21 @@ def test_image_is_multi_stage_and_builds_like_ci(dockerfile):
             f"{cli_cmake} does not define {binary}: fix the path in {dockerfile}"
 
 
+def test_worker_cpu_variant_is_built_without_cuda():
+    s = stages(REPO / "docker" / "worker.Dockerfile")
+    assert "-DLONGHAUL_CUDA=OFF" in runs(s["build-cpu"])
+    for stage in ("build-cpu", "runtime-cpu"):
+        text = " ".join(rest for _, rest in s[stage]).lower().replace("-dlonghaul_cuda=off", "")
+        assert "cuda" not in text and "nccl" not in text, f"{stage} mentions CUDA"
+    for target in ("cpu", "cpu-prebuilt"):
+        assert "libcudart" in runs(s[target]), f"{target} must refuse a worker linked to CUDA"
+
+
 def test_worker_image_compiles_and_ships_cuda():
     text = (REPO / "docker" / "worker.Dockerfile").read_text()
     s = stages(REPO / "docker" / "worker.Dockerfile")
-    build = " ".join(rest for word, rest in s["build"] if word == "RUN")
-    runtime = " ".join(rest for word, rest in s["runtime"] if word == "RUN")
+    build = runs(s["build-cuda"])
+    runtime = runs(s["runtime-cuda"])
     assert "cuda-nvcc-${CUDA_PACKAGE_VERSION}" in build and "libnccl-dev" in build
     assert "CMAKE_CUDA_COMPILER" in build, "the build must fail when nvcc was not found"
     for lib in ("cuda-cudart-${CUDA_PACKAGE_VERSION}", "libcublas-${CUDA_PACKAGE_VERSION}", "libnccl2"):

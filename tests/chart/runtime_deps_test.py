@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Checks that the runtime stages of docker/*.Dockerfile carry every shared library the built
-binaries load. No container engine runs here, so this is the check that keeps the images honest:
-each library `ldd` lists for a binary must come from a Debian package that
-`scripts/install-deps.sh --runtime` installs (or one they depend on), from the debian:12-slim
-base (its essential and required packages), or, for the CUDA libraries, from the CUDA runtime
-packages the worker image installs from NVIDIA's repository.
+binaries load, without a container engine (tests/images/images_test.py runs `ldd` inside the
+images where podman is installed): each library `ldd` lists for a binary must come from a
+Debian package that `scripts/install-deps.sh --runtime worker|operator` installs for its image
+(or one they depend on), from the debian:12-slim base (its essential and required packages),
+or, for the CUDA libraries, from the CUDA runtime packages the worker image installs from
+NVIDIA's repository.
 
   tests/chart/runtime_deps_test.py BINARY...      (ctest passes longhaul-worker, longhaul-operator)
 
@@ -31,13 +32,21 @@ CUDA_LIBRARIES = {
 DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")  # the node's driver, mounted at run time
 
 
-def runtime_packages() -> list[str]:
-    """The package names of install-deps.sh's runtime_packages=( ... ) array."""
+def runtime_packages(binary: str) -> list[str]:
+    """The packages `install-deps.sh --runtime <image>` installs for the binary's image: the
+    runtime_packages=( ... ) array both images install, plus <image>_runtime_packages=( ... ) for
+    longhaul-worker / longhaul-operator (any other binary: every array)."""
     text = (REPO / "scripts" / "install-deps.sh").read_text()
-    m = re.search(r"runtime_packages=\(([^)]*)\)", text)
-    if not m:
-        raise SystemExit("FAILED: scripts/install-deps.sh has no runtime_packages=( ... ) array")
-    return m.group(1).split()
+
+    def array(name: str) -> list[str]:
+        m = re.search(rf"^{name}=\(([^)]*)\)", text, re.M)
+        if not m:
+            raise SystemExit(f"FAILED: scripts/install-deps.sh has no {name}=( ... ) array")
+        return m.group(1).split()
+
+    image = pathlib.Path(binary).name.removeprefix("longhaul-")
+    own = [image] if image in ("worker", "operator") else ["worker", "operator"]
+    return array("runtime_packages") + [p for i in own for p in array(f"{i}_runtime_packages")]
 
 
 class InstalledPackages:
@@ -117,10 +126,10 @@ def main(binaries: list[str]) -> int:
         return 77
     installed = InstalledPackages()
     # debian:12-slim holds the essential and required packages.
-    covered = installed.closure(runtime_packages()) | installed.closure(installed.required)
-    covered |= set(CUDA_LIBRARIES.values())
+    base = installed.closure(installed.required) | set(CUDA_LIBRARIES.values())
     problems = []
     for binary in binaries:
+        covered = base | installed.closure(runtime_packages(binary))
         libraries = shared_libraries(binary)
         owners = owning_packages([p for p in libraries.values() if p != "not found"])
         for soname, path in sorted(libraries.items()):
@@ -132,8 +141,9 @@ def main(binaries: list[str]) -> int:
             elif path not in owners:
                 problems.append(f"{binary}: {soname} ({path}) belongs to no Debian package")
             elif owners[path] not in covered:
+                image = pathlib.Path(binary).name.removeprefix("longhaul-")
                 problems.append(f"{binary}: {soname} comes from {owners[path]}, which "
-                                "scripts/install-deps.sh --runtime does not install")
+                                f"scripts/install-deps.sh --runtime {image} does not install")
     for p in problems:
         print("FAIL:", p, file=sys.stderr)
     print(f"{len(binaries) - len({p.split(':')[0] for p in problems})} passed, "
