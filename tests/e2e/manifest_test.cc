@@ -27,7 +27,13 @@ TEST(YamlToJson, TypesPlainScalarsAndKeepsQuotedOnesStrings) {
   EXPECT_EQ(j["l"], "007");  // not a YAML 1.2 integer: kept as written
 }
 
-TEST(LoadManifests, TheTinyExampleIsAChiefAndAWorkerSharingOneTemplate) {
+TEST(YamlToJson, ResolvesAnchorsAndAliases) {
+  const json j = yaml_to_json(YAML::Load("a: &spec {x: 1, y: [2]}\nb: *spec\n"));
+  EXPECT_EQ(j["a"], j["b"]);
+  EXPECT_EQ(j["b"]["y"], json::array({2}));
+}
+
+TEST(LoadManifests, TheTinyExampleIsAChiefAndAWorkerOfOneContainerOnlyTheChiefServingMetrics) {
   const auto docs = load_manifests(std::filesystem::path(LONGHAUL_TEST_SOURCE_DIR) /
                                    "examples/trainingjob-tiny.yaml");
   ASSERT_EQ(docs.size(), 1u);
@@ -37,8 +43,18 @@ TEST(LoadManifests, TheTinyExampleIsAChiefAndAWorkerSharingOneTemplate) {
   const json& specs = job["spec"]["replicaSpecs"];
   EXPECT_EQ(specs["Chief"]["replicas"], 1);
   EXPECT_EQ(specs["Worker"]["replicas"], 1);
-  // The YAML anchor gives both replica types the same container.
-  EXPECT_EQ(specs["Chief"]["template"], specs["Worker"]["template"]);
+  // The same container, but only the Chief serves /metrics (the operator reads its progress):
+  // replicas that run as processes of one machine cannot all bind one port.
+  json chief = specs["Chief"]["template"];
+  json& container = chief["spec"]["containers"][0];
+  EXPECT_EQ(container["ports"], json::parse(R"([{"name": "metrics", "containerPort": 9400}])"));
+  container.erase("ports");
+  json args = json::array();
+  for (const json& a : container["args"]) {
+    if (a != "--metrics-port=9400") args.push_back(a);
+  }
+  container["args"] = args;
+  EXPECT_EQ(chief, specs["Worker"]["template"]);
   EXPECT_EQ(specs["Chief"]["template"]["spec"]["terminationGracePeriodSeconds"], 30);
 }
 

@@ -48,6 +48,15 @@ json tiny_job(bool with_worker) {
     if (doc.value("kind", "") != "TrainingJob") continue;
     json job = doc;
     if (!with_worker) job["spec"]["replicaSpecs"].erase("Worker");
+    // The example's Chief serves /metrics on 9400, as on a cluster where each pod has its own
+    // IP; scenarios run in parallel on one machine and pick a free port (serve_chief_metrics).
+    json& chief = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
+    chief.erase("ports");
+    json args = json::array();
+    for (const json& a : chief["args"]) {
+      if (!a.get<std::string>().starts_with("--metrics-port")) args.push_back(a);
+    }
+    chief["args"] = args;
     job["spec"]["runPolicy"]["nodeLostTimeoutSeconds"] = 1;
     return job;
   }

@@ -40,6 +40,8 @@ def plane():
     what = nh.missing()
     if not ENVTEST:
         what.append("LONGHAUL_ENVTEST naming the built longhaul-envtest (ctest sets it)")
+    if not pathlib.Path("/bin/busybox").is_file():
+        what.append("/bin/busybox (Debian package busybox-static: the test image)")
     if what:
         pytest.skip(nh.skip_message(what))
     shutil.rmtree(WORKDIR, ignore_errors=True)
