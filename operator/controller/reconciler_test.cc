@@ -2,6 +2,8 @@
 // and in the pods, with a controllable clock. The kubelet is simulated by writing pod status.
 #include "longhaul/controller/reconciler.h"
 
+#include <optional>
+
 #include <gtest/gtest.h>
 
 #include "longhaul/base/error.h"
@@ -39,7 +41,7 @@ class ReconcilerTest : public testing::ReconcilerHarness {
  protected:
   ReconcilerTest() { reconciler = make_reconciler(); }
 
-  std::unique_ptr<Reconciler> make_reconciler() {
+  std::unique_ptr<Reconciler> make_reconciler(ClusterView* view = nullptr) {
     ReconcilerOptions o = base_options();
     // The chief's /metrics (progress.h), as the test sets them.
     o.progress.fetch = [this](const MetricsEndpoint& e, std::chrono::milliseconds) {
@@ -49,7 +51,7 @@ class ReconcilerTest : public testing::ReconcilerHarness {
       if (!chief_metrics) throw Unavailable("connection refused");
       return *chief_metrics;
     };
-    return std::make_unique<Reconciler>(client, nullptr, &events, o);
+    return std::make_unique<Reconciler>(client, view, &events, o);
   }
   void set_chief_metrics(std::optional<std::string> text) {
     std::lock_guard lock(chief_mu);
@@ -251,6 +253,57 @@ TEST_F(ReconcilerTest, CountedContainerRestartsLiveOnThePodNotInStatus) {
             {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 3}}}}});
   settle();
   EXPECT_EQ(status().failure_count, 3);
+}
+
+// A view whose pod list stays as it was when frozen: an informer cache that has not yet seen a
+// pod's deletion and its re-creation under the same name.
+class FrozenPodsView : public ClusterView {
+ public:
+  explicit FrozenPodsView(kube::Client& client) : api_(client) {}
+  json get_job(const std::string& ns, const std::string& name) override {
+    return api_.get_job(ns, name);
+  }
+  std::vector<json> list_pods(const std::string& ns, const std::string& job) override {
+    return frozen_ ? *frozen_ : api_.list_pods(ns, job);
+  }
+  bool exists(const kube::Resource& r, const std::string& ns, const std::string& name) override {
+    return api_.exists(r, ns, name);
+  }
+  void freeze(const std::string& ns, const std::string& job) { frozen_ = api_.list_pods(ns, job); }
+
+ private:
+  ApiClusterView api_;
+  std::optional<std::vector<json>> frozen_;
+};
+
+// Issue #27: a write the operator aims at a pod by name carries that pod's uid, so a decision
+// taken on a view that still shows a pod deleted and re-created under the same name since never
+// lands on the new pod: the counted-restarts annotation meant for the old pod is refused by the
+// API server (metadata.uid is immutable) and the new pod keeps exactly what its kubelet wrote.
+TEST_F(ReconcilerTest, WriteAimedAtAnOldPodNeverReachesTheSameNamePodCreatedSince) {
+  json spec = default_spec();
+  spec["replicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure";
+  create_job(spec);
+  start_running();
+  FrozenPodsView view(client);
+  reconciler = make_reconciler(&view);
+  set_phase("j-worker-1", "Running", 0,
+            {{"containerStatuses", {{{"name", "trainer"}, {"restartCount", 2}}}}});
+  view.freeze("ns", "j");
+  const std::string old_uid = uid("j-worker-1");
+  json successor = pod("j-worker-1");
+  client.remove(res::kPods, "ns", "j-worker-1", {});
+  successor["metadata"].erase("uid");
+  successor["metadata"].erase("resourceVersion");
+  successor["status"] = {{"phase", "Pending"}};
+  client.create(res::kPods, "ns", successor);
+  const json before = pod("j-worker-1");
+  ASSERT_NE(before["metadata"]["uid"], old_uid);
+
+  reconcile();
+  EXPECT_EQ(status().failure_count, 2) << "the old pod's restarts are counted";
+  EXPECT_EQ(pod("j-worker-1"), before)
+      << "a write aimed at uid " << old_uid << " reached the pod created since";
 }
 
 // Status written by the operator before unsettledPods (status.pods: a record per pod) is read

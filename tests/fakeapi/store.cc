@@ -93,6 +93,18 @@ std::string string_field(const json& object, const char* key) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// A patch whose result names another uid than the stored object's is refused, as a real API server
+// does (422, "metadata.uid: Invalid value: ...: field is immutable"): a client that puts the uid
+// it read into a patch (the kubelet's status patches, the operator's annotations) makes it a
+// precondition, so a write aimed at a deleted object never lands on a same-name successor.
+void check_uid_unchanged(const ResourceType& type, const std::string& name, const json& existing,
+                         const json& candidate) {
+  const std::string uid = string_field(metadata_of(candidate), "uid");
+  if (!uid.empty() && uid != string_field(metadata_of(existing), "uid")) {
+    throw invalid(type, name, "metadata.uid", "Invalid value: \"" + uid + "\": field is immutable");
+  }
+}
+
 bool has_finalizers(const json& object) {
   const json& meta = metadata_of(object);
   auto it = meta.find("finalizers");
@@ -791,6 +803,14 @@ json Store::update(const ResourceType& type, const std::string& ns, const std::s
                    "the object has been modified; please apply your changes to the latest "
                    "version and try again");
   }
+  const std::string body_uid = string_field(meta, "uid");
+  const std::string stored_uid = string_field(metadata_of(*existing), "uid");
+  if (!body_uid.empty() && body_uid != stored_uid) {
+    // An update's uid is a precondition (409), a patch's an immutable field (422).
+    throw conflict(type, name,
+                   "Precondition failed: UID in precondition: " + body_uid +
+                       ", UID in object meta: " + stored_uid);
+  }
   return update_locked(type, ns, name, *existing, std::move(object), status_subresource);
 }
 
@@ -909,6 +929,7 @@ json Store::patch(const ResourceType& type, const std::string& ns, const std::st
   if (string_field(metadata_of(candidate), "name") != name) {
     throw invalid(type, name, "metadata.name", "Invalid value: field is immutable");
   }
+  check_uid_unchanged(type, name, *existing, candidate);
   return update_locked(type, ns, name, *existing, std::move(candidate), status_subresource);
 }
 

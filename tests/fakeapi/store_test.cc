@@ -137,6 +137,45 @@ TEST_F(FakeApiTest, UpdateWithStaleResourceVersionIsConflict) {
   expect_status(client_->put(kPods + "/a", pod("b")), 400, "BadRequest");
 }
 
+// A write that carries the uid of a pod deleted since (the kubelet's status patches, the
+// operator's annotations) never lands on a pod re-created under the same name: as on a real
+// server, PATCH -> 422 (metadata.uid is immutable), PUT -> 409 (the uid is a precondition).
+TEST_F(FakeApiTest, WriteCarryingAnOldUidNeverReachesASameNameSuccessor) {
+  const std::string old_uid = create_pod("a")["metadata"]["uid"];
+  ASSERT_EQ(client_->del(kPods + "/a").status, 200);  // unscheduled: gone at once
+  json successor = create_pod("a");
+  const std::string new_uid = successor["metadata"]["uid"];
+  ASSERT_NE(old_uid, new_uid);
+
+  Response annotate = client_->patch(
+      kPods + "/a", {{"metadata", {{"uid", old_uid}, {"annotations", {{"counted", "3"}}}}}});
+  expect_status(annotate, 422, "Invalid");
+  EXPECT_NE(annotate.body.find("metadata.uid"), std::string::npos) << annotate.body;
+  json terminated = {{"name", "main"},
+                     {"state", {{"terminated", {{"exitCode", 143}, {"reason", "Error"}}}}}};
+  expect_status(client_->patch(kPods + "/a/status",
+                               {{"metadata", {{"uid", old_uid}}},
+                                {"status", {{"containerStatuses", json::array({terminated})}}}}),
+                422, "Invalid");
+  json stale = successor;
+  stale["metadata"]["uid"] = old_uid;
+  stale["metadata"]["labels"]["v"] = "1";
+  Response put = client_->put(kPods + "/a", stale);
+  expect_status(put, 409, "Conflict");
+  EXPECT_NE(put.body.find("UID in precondition"), std::string::npos) << put.body;
+
+  json now = client_->get(kPods + "/a").json_body();
+  EXPECT_EQ(now["metadata"]["uid"], new_uid);
+  EXPECT_EQ(now["metadata"]["resourceVersion"], successor["metadata"]["resourceVersion"]);
+  EXPECT_FALSE(now["status"].contains("containerStatuses")) << now.dump();
+  // The successor's own uid is accepted.
+  EXPECT_EQ(client_
+                ->patch(kPods + "/a",
+                        {{"metadata", {{"uid", new_uid}, {"annotations", {{"counted", "1"}}}}}})
+                .status,
+            200);
+}
+
 TEST_F(FakeApiTest, PodSpecIsImmutableExceptImages) {
   json created = create_pod("a");
   json new_image = created;

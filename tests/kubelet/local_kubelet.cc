@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include <fcntl.h>
 #include <sys/syscall.h>
@@ -791,9 +792,20 @@ void LocalKubelet::report(PodState& s, const json& pod) {
   // The API write happens without the lock (the sync thread is the only writer of `s`).
   const std::string ns = s.ns, name = s.name;
   mu_.unlock();
+  // By name, so the uid goes in the patch as a precondition (metadata.uid is immutable: the API
+  // server refuses it on any other pod): the final status of a pod deleted since must never land
+  // on a pod re-created under the same name, whose kubelet status writes a real API server would
+  // then refuse ("may not be transitioned to non-terminated state"; issue #27).
+  const json patch = {{"metadata", {{"uid", s.uid}}}, {"status", status}};
   try {
-    client_->patch(kube::resources::kPods, ns, name, {{"status", status}}, kube::PatchType::kMerge,
+    client_->patch(kube::resources::kPods, ns, name, patch, kube::PatchType::kMerge,
                    /*status_subresource=*/true);
+  } catch (const kube::InvalidError& e) {
+    mu_.lock();
+    if (std::string_view(e.what()).find("metadata.uid") == std::string_view::npos) throw;
+    // Another pod holds the name now: this one is gone (the watch brings its DELETED event).
+    throw kube::NotFoundError("pod " + ns + "/" + name + " (uid " + s.uid +
+                              ") was re-created under a new uid: its status is not written");
   } catch (...) {
     mu_.lock();
     throw;
@@ -837,8 +849,10 @@ void LocalKubelet::evict_lost_pods() {
                                "(node " +
                                    node + " is unreachable)"},
                               {"lastTransitionTime", now_rfc3339()}});
-        client_->patch(kube::resources::kPods, ns, name, {{"status", {{"conditions", conditions}}}},
-                       kube::PatchType::kMerge, true);
+        client_->patch(
+            kube::resources::kPods, ns, name,
+            {{"metadata", {{"uid", str(meta, "uid")}}}, {"status", {{"conditions", conditions}}}},
+            kube::PatchType::kMerge, true);
         kube::DeleteOptions d{.precondition_uid = str(meta, "uid")};
         if (grace) d.grace_period_seconds = std::max<int64_t>(1, *grace);
         client_->remove(kube::resources::kPods, ns, name, d);

@@ -207,6 +207,48 @@ TEST_F(LocalKubeletTest, RunningPodIsReadyAndDeletionStopsItWithSigterm) {
   }
 }
 
+// Issue #27: the status of a pod deleted since never lands on a pod re-created under the same
+// name. The old pod's exit (SIGTERM, 143) cannot be written at first (403), and the kubelet's
+// watch reconnects slowly, so it still sees the old pod when the name already holds a successor
+// and its status write goes through again: the write carries the old uid and is refused.
+TEST_F(LocalKubeletTest, StatusOfADeletedPodNeverLandsOnItsSameNameSuccessor) {
+  server.create("pods", "default", pod_manifest("same", kLongRunning));
+  ASSERT_TRUE(wait_phase("same", "Running"));
+  ASSERT_TRUE(wait_log("same", "ready"));
+  const std::string old_uid = pod("same")->at("metadata").at("uid");
+  const int refused =
+      server.add_fault({.verb = "patch", .path_regex = "/pods/same/status$", .status = 403});
+  server.remove("pods", "default", "same", {.grace_period_seconds = 30});
+  ASSERT_TRUE(kubelet->wait_for(
+      [&] {
+        auto info = kubelet->pod("default", "same");
+        return info && info->exit_code.has_value();
+      },
+      20s));
+  server.add_fault({.verb = "list", .path_regex = "/pods$", .status = 0, .latency = 3000ms});
+  server.add_fault({.verb = "watch", .path_regex = "/pods$", .status = 0, .latency = 3000ms});
+  server.drop_watches();
+  // The old pod goes at once; a successor (on a node this kubelet does not run) takes the name.
+  server.finalize_pod_deletion("default", "same");
+  json successor = pod_manifest("same", kLongRunning);
+  successor["spec"]["nodeName"] = "node-elsewhere";
+  const json created = server.create("pods", "default", successor);
+  ASSERT_NE(created["metadata"]["uid"], old_uid);
+  server.remove_fault(refused);
+  // The kubelet forgets the old pod once its watch shows it gone.
+  ASSERT_TRUE(kubelet->wait_for([&] { return !kubelet->pod("default", "same"); }, 20s));
+
+  const json now = *pod("same");
+  EXPECT_EQ(now["metadata"]["uid"], created["metadata"]["uid"]);
+  EXPECT_FALSE(now.value("status", json::object()).contains("containerStatuses"))
+      << "the old pod's container state landed on its successor: " << now["status"].dump();
+  EXPECT_EQ(now["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"]);
+  EXPECT_GE(server.count_requests(
+                {.verb = "patch", .subresource = "status", .name = "same", .status = 422}),
+            1U)
+      << "the old pod's status was never written again (the test did not race)";
+}
+
 TEST_F(LocalKubeletTest, DeletionKillsAProcessThatIgnoresSigtermAfterTheGracePeriod) {
   server.create("pods", "default", pod_manifest("stubborn", kIgnoresTerm, "Never", 1));
   ASSERT_TRUE(wait_phase("stubborn", "Running"));

@@ -110,6 +110,15 @@ kube::json MemoryClient::patch(const kube::Resource& r, std::string_view ns, std
   count("patch", r.plural);
   auto it = objects_.find({r.plural, std::string(ns), std::string(name)});
   if (it == objects_.end()) throw kube::NotFoundError(std::string(name) + " not found");
+  // As a real API server: a uid in a patch must be the object's (metadata.uid is immutable), so
+  // a write aimed at a deleted pod never lands on a same-name pod created since.
+  const json* md = patch.is_object() && patch.contains("metadata") ? &patch["metadata"] : nullptr;
+  const std::string uid =
+      md != nullptr && md->is_object() ? md->value("uid", std::string()) : std::string();
+  if (!uid.empty() && uid != it->second["metadata"].value("uid", std::string())) {
+    throw kube::InvalidError(422, std::string(name) + ": metadata.uid: Invalid value: \"" + uid +
+                                      "\": field is immutable");
+  }
   it->second.merge_patch(patch);
   it->second["metadata"]["resourceVersion"] = std::to_string(++rv_);
   return it->second;
