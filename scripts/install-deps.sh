@@ -22,11 +22,15 @@ test_packages=(
   # Container images and the real node (tests/images, tests/node): scripts/build-images.sh makes
   # a Debian 12 base from Debian's archive (mmdebstrap), builds docker/*.Dockerfile with podman
   # (buildah inside) and runs them with runc; the real-node harness runs the kubelet on
-  # containerd + runc with the CNI bridge plugins, catatonit as the pause image, iproute2 for
-  # the bridge.
+  # containerd + runc with the CNI bridge plugins, catatonit as the pause image, iproute2 and
+  # iptables for the bridge and the API server's Service address, openssl for the kubelet's
+  # client certificate, busybox-static for the harness test's own small image.
   podman buildah mmdebstrap runc
-  containerd containernetworking-plugins catatonit iproute2
+  containerd containernetworking-plugins catatonit iproute2 iptables openssl busybox-static
 )
+# kubectl, the user's client in the real-node tests: Debian's kubernetes-client where no
+# kubectl is installed already (a newer one from elsewhere is left alone).
+if ! command -v kubectl >/dev/null 2>&1; then test_packages+=(kubernetes-client); fi
 # The shared libraries of the binaries, for the images' runtime stages: those both load, then
 # each binary's own (tests/chart/runtime_deps_test.py checks them against ldd).
 runtime_packages=(libyaml-cpp0.7 libprometheus-cpp-core1.0 zlib1g ca-certificates)
