@@ -11,6 +11,7 @@ build_packages=(
   libcpprest-dev libyaml-cpp-dev prometheus-cpp-dev libgtest-dev libgmock-dev libgloo-dev
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libssl-dev zlib1g-dev
   libopenblas-dev python3 python3-venv
+  clang  # only for the thread-safety check (ctest -L lint): clang++ -Wthread-safety
   prometheus  # only for tests: a real Prometheus scrapes the worker and operator (promtool too)
   etcd-server xz-utils  # only for tests: etcd under the real kube-apiserver (tests/envtest)
 )
