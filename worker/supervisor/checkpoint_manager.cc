@@ -114,7 +114,7 @@ void CheckpointManager::load_state() {
     LH_LOG(WARNING) << "checkpoint state file is garbled; rebuilding it from a directory scan"
                     << kv("error", e.what());
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   entries_.clear();
   if (state) {
     state_usable_ = true;
@@ -170,7 +170,7 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
 
   std::vector<std::filesystem::path> to_delete;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
                                   [&](const auto& e) { return e.file == path; }),
                    entries_.end());
@@ -218,18 +218,18 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
 }
 
 std::optional<std::filesystem::path> CheckpointManager::latest() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (entries_.empty()) return std::nullopt;
   return entries_.back().file;
 }
 
 std::vector<CheckpointEntry> CheckpointManager::checkpoints() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return entries_;
 }
 
 CheckpointState CheckpointManager::state() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CheckpointState state;
   for (const auto& e : entries_) {
     state.all_model_checkpoint_paths.push_back(checkpoint_prefix_for(e.file));

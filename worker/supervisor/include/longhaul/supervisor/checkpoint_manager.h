@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/checkpoint_state.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/training_state.h"
@@ -97,10 +98,10 @@ class CheckpointManager {
   void warn_foreign(std::string_view prefix, const std::filesystem::path& file) const;
 
   CheckpointManagerOptions options_;
-  mutable std::mutex mu_;
-  std::vector<CheckpointEntry> entries_;  // guarded by mu_; oldest first
-  double last_preserved_timestamp_ = 0;   // guarded by mu_
-  bool state_usable_ = true;              // false when the state file was missing or garbled
+  mutable Mutex mu_;
+  std::vector<CheckpointEntry> entries_ GUARDED_BY(mu_);  // oldest first
+  double last_preserved_timestamp_ GUARDED_BY(mu_) = 0;
+  bool state_usable_ = true;  // false when the state file was missing or garbled
 };
 
 }  // namespace longhaul::supervisor
