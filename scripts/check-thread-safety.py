@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks with clang's -Wthread-safety that every GUARDED_BY field is read and written under its
 lock, every REQUIRES function is called with it held and no EXCLUDES function with it held
-(longhaul/base/thread_annotations.h). Run by ctest as `thread_safety` (label `lint`), after a
+(longhaul/base/thread_annotations.h). Run by ctest as `thread_safety` (labels lint, slow), after a
 build, because it compiles from the build's compile_commands.json:
 
   scripts/check-thread-safety.py build/ci                 # every C++ translation unit
