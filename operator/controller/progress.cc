@@ -306,7 +306,7 @@ ProgressTracker::ProgressTracker(ProgressTrackerOptions options) : options_(std:
 
 ProgressTracker::~ProgressTracker() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     queue_.clear();
   }
@@ -333,7 +333,7 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
   std::optional<milliseconds> wait;
   bool queued = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (endpoints.empty()) {
       // No pod to read: keep the newest sample (it may still be written, rate limits
       // permitting) but start nothing.
@@ -377,26 +377,27 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
 }
 
 void ProgressTracker::forget(const std::string& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   entries_.erase(key);
   std::erase_if(queue_, [&](const Read& r) { return r.key == key; });
   idle_cv_.notify_all();
 }
 
 bool ProgressTracker::wait_idle(milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && busy_ == 0; });
+  MutexLock lock(mu_);
+  return idle_cv_.wait_for(mu_, timeout,
+                           [&]() REQUIRES(mu_) { return queue_.empty() && busy_ == 0; });
 }
 
 void ProgressTracker::scrape_loop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    work_cv_.wait(mu_, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
     Read read = std::move(queue_.front());
     queue_.pop_front();
     ++busy_;
-    lock.unlock();
+    lock.Unlock();
 
     // The first endpoint that holds the chief role answers (see progress.h).
     std::optional<ProgressSample> sample;
@@ -426,7 +427,7 @@ void ProgressTracker::scrape_loop() {
       }
     }
 
-    lock.lock();
+    lock.Lock();
     --busy_;
     bool changed = false;
     auto it = entries_.find(read.key);
@@ -452,9 +453,9 @@ void ProgressTracker::scrape_loop() {
     }
     idle_cv_.notify_all();
     if (changed && options_.on_update) {
-      lock.unlock();
+      lock.Unlock();
       options_.on_update(read.key);
-      lock.lock();
+      lock.Lock();
     }
   }
 }

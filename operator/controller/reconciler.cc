@@ -540,7 +540,7 @@ ReconcileResult Reconciler::Pass::forget() {
   r.view_->forget_job(ns, name);
   r.progress_->forget(key);
   {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);
     for (const std::string& child : {service_name(name), name + "-logdir"}) {
       r.unlabelled_children_.erase(ns + "/" + child);
@@ -575,7 +575,7 @@ void Reconciler::Pass::observe_pods() {
     if (owned_by(op.object, job_uid, name)) owned.emplace(op.name, std::move(op));
   }
   {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     if (auto it = r.create_failures_.find(key); it != r.create_failures_.end()) {
       create_failure = it->second;
     }
@@ -697,7 +697,7 @@ void Reconciler::Pass::resume_and_check_deadline() {
 // claim is never waited on to be Bound: pods wait for it in the scheduler.
 void Reconciler::Pass::ensure_claim_and_service() {
   auto unlabelled = [&](const std::string& child) {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     return r.unlabelled_children_.contains(ns + "/" + child);
   };
   claim_exists = !spec.logdir.claim_name.empty() ||
@@ -1055,7 +1055,7 @@ void Reconciler::Pass::update_created_condition() {
         "created its claim, Service and " + std::to_string(desired.size()) + " pod(s)", now);
   }
   if (create_failure && all_created) {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);  // what was refused exists now (created by a retry)
   }
 }
@@ -1326,7 +1326,7 @@ void Reconciler::Pass::settle_create(const Action& a, std::exception_ptr error) 
     // Exists already (a previous pass or another operator made it): nothing to do. A Service
     // or claim the cache lacks has no label of ours: remember it exists.
     if (a.kind != Action::Kind::kCreatePod && !r.view_->exists(resource_of(a), ns, a.name)) {
-      std::lock_guard lock(r.create_mu_);
+      MutexLock lock(r.create_mu_);
       r.unlabelled_children_.insert(ns + "/" + a.name);
     }
   } catch (const kube::InvalidError& e) {
@@ -1390,7 +1390,7 @@ void Reconciler::Pass::record_action_events() {
 void Reconciler::Pass::handle_refused_creates() {
   if (refused_invalid) {
     {
-      std::lock_guard lock(r.create_mu_);
+      MutexLock lock(r.create_mu_);
       r.create_failures_.erase(key);
     }
     finish(api::phase::kFailed, api::reason::kInvalidSpec, *refused_invalid);
@@ -1400,7 +1400,7 @@ void Reconciler::Pass::handle_refused_creates() {
   } else if (refused_transient) {
     CreateFailure f;
     {
-      std::lock_guard lock(r.create_mu_);
+      MutexLock lock(r.create_mu_);
       CreateFailure& entry = r.create_failures_[key];
       entry.count += 1;
       const int shift = std::min(entry.count - 1, 20);
@@ -1414,7 +1414,7 @@ void Reconciler::Pass::handle_refused_creates() {
     api::set_condition(st, api::condition::kCreated, "False", api::reason::kFailedCreate, f.message,
                        now);
   } else if (created_any) {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);
   }
 }
