@@ -17,6 +17,7 @@ build_packages=(
 )
 # Only for tests (never in an image).
 test_packages=(
+  clang  # the thread-safety check (ctest -L lint): clang++ -Wthread-safety
   prometheus  # a real Prometheus scrapes the worker and operator (promtool too)
   etcd-server xz-utils  # etcd under the real kube-apiserver (tests/envtest)
   # Container images and the real node (tests/images, tests/node): scripts/build-images.sh makes

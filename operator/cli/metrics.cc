@@ -93,27 +93,26 @@ OperatorMetrics::OperatorMetrics(const std::string& bind_address, int port,
 }
 
 prometheus::Counter& OperatorMetrics::cached(prometheus::Family<prometheus::Counter>& family,
-                                             std::map<std::string, prometheus::Counter*>& cache,
                                              const std::map<std::string, std::string>& labels) {
   std::string key = std::to_string(reinterpret_cast<uintptr_t>(&family));
   for (const auto& [k, v] : labels) key += "|" + k + "=" + v;
-  std::lock_guard lock(mu_);
-  auto it = cache.find(key);
-  if (it != cache.end()) return *it->second;
+  MutexLock lock(mu_);
+  auto it = counter_cache_.find(key);
+  if (it != counter_cache_.end()) return *it->second;
   prometheus::Counter& c = family.Add(labels);
-  cache[key] = &c;
+  counter_cache_[key] = &c;
   return c;
 }
 
 void OperatorMetrics::reconcile(std::string_view result, double seconds) {
-  cached(reconciles_, counter_cache_, {{"result", std::string(result)}}).Increment();
+  cached(reconciles_, {{"result", std::string(result)}}).Increment();
   reconcile_duration_.Observe(seconds);
 }
 
 void OperatorMetrics::reconcile_cpu(double seconds) { reconcile_cpu_.Observe(seconds); }
 
 void OperatorMetrics::job_phase(const std::string& key, const std::string& phase) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = phase_of_.find(key);
   const std::string old = it == phase_of_.end() ? "" : it->second;
   if (old == phase) return;
@@ -128,14 +127,14 @@ void OperatorMetrics::job_phase(const std::string& key, const std::string& phase
 }
 
 void OperatorMetrics::pod_restart(std::string_view reason) {
-  cached(pod_restarts_, counter_cache_, {{"reason", std::string(reason)}}).Increment();
+  cached(pod_restarts_, {{"reason", std::string(reason)}}).Increment();
 }
 
 void OperatorMetrics::recovery(double seconds) { recovery_duration_.Observe(seconds); }
 
 void OperatorMetrics::api_request(const std::string& verb, const std::string& code,
                                   double seconds) {
-  cached(api_requests_, counter_cache_, {{"verb", verb}, {"code", code}}).Increment();
+  cached(api_requests_, {{"verb", verb}, {"code", code}}).Increment();
   if (verb != "watch") api_request_duration_.Observe(seconds);
 }
 

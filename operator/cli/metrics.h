@@ -20,6 +20,7 @@
 #include <prometheus/registry.h>
 
 #include "longhaul/base/http_server.h"
+#include "longhaul/base/mutex.h"
 
 namespace longhaul::operator_cli {
 
@@ -42,9 +43,9 @@ class OperatorMetrics {
   void set_leader(bool leader);
 
  private:
+  // The family's child for `labels`, made once and kept in counter_cache_ (takes mu_).
   prometheus::Counter& cached(prometheus::Family<prometheus::Counter>& family,
-                              std::map<std::string, prometheus::Counter*>& cache,
-                              const std::map<std::string, std::string>& labels);
+                              const std::map<std::string, std::string>& labels) EXCLUDES(mu_);
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& reconciles_;
   prometheus::Histogram& reconcile_duration_;
@@ -58,10 +59,10 @@ class OperatorMetrics {
   prometheus::Histogram& queue_latency_;
   prometheus::Gauge& is_leader_;
 
-  std::mutex mu_;
-  std::map<std::string, prometheus::Counter*> counter_cache_;  // guarded by mu_
-  std::map<std::string, std::string> phase_of_;                // guarded by mu_: job -> phase
-  std::map<std::string, prometheus::Gauge*> phase_gauges_;     // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, prometheus::Counter*> counter_cache_ GUARDED_BY(mu_);
+  std::map<std::string, std::string> phase_of_ GUARDED_BY(mu_);  // job -> phase
+  std::map<std::string, prometheus::Gauge*> phase_gauges_ GUARDED_BY(mu_);
 
   http::Server server_;  // last: stopped and joined before anything it serves goes
 };

@@ -45,23 +45,23 @@ const std::string& resource_version(const json& object) {
 
 void JobVersions::saw(const json& job) {
   const std::string& rv = resource_version(job);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   awaited_[kube::object_key(job)] = rv;
 }
 
 void JobVersions::conflicted(const std::string& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   awaited_[key] = "";
 }
 
 void JobVersions::forget(const std::string& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   awaited_.erase(key);
 }
 
 bool JobVersions::usable(const std::string& key, const json* cached) {
   if (cached == nullptr) return false;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auto it = awaited_.find(key);
   if (it == awaited_.end()) return true;
   if (it->second.empty() || it->second != resource_version(*cached)) return false;
@@ -70,7 +70,7 @@ bool JobVersions::usable(const std::string& key, const json* cached) {
 }
 
 size_t JobVersions::awaited() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return awaited_.size();
 }
 

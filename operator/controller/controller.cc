@@ -180,7 +180,7 @@ void Controller::start_workers() {
   }
   std::stop_token token;
   {
-    std::lock_guard lock(term_mu_);
+    MutexLock lock(term_mu_);
     term_ = std::stop_source();
     token = term_.get_token();
   }
@@ -194,12 +194,12 @@ void Controller::start_workers() {
 }
 
 bool Controller::workers_active() {
-  std::lock_guard lock(term_mu_);
+  MutexLock lock(term_mu_);
   return workers_running_.load() && !term_.stop_requested();
 }
 
 void Controller::cancel_workers() {
-  std::lock_guard lock(term_mu_);
+  MutexLock lock(term_mu_);
   term_.request_stop();
 }
 

@@ -5,12 +5,12 @@ namespace longhaul::controller {
 
 void Expectations::expect_deletion(const std::string& key, const std::string& pod,
                                    const std::string& uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   deletions_[key][pod] = Pending{uid, std::chrono::steady_clock::now()};
 }
 
 void Expectations::expect_creation(const std::string& key, const std::string& pod) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   creations_[key][pod] = Pending{"", std::chrono::steady_clock::now()};
 }
 
@@ -23,7 +23,7 @@ void Expectations::observe(const std::string& key, const std::vector<json>& pods
         md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null()};
   }
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = deletions_.find(key); it != deletions_.end()) {
     std::erase_if(it->second, [&](const auto& entry) {
       auto s = seen.find(entry.first);
@@ -41,7 +41,7 @@ void Expectations::observe(const std::string& key, const std::vector<json>& pods
 }
 
 void Expectations::creation_failed(const std::string& key, const std::string& pod) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = creations_.find(key); it != creations_.end()) {
     it->second.erase(pod);
     if (it->second.empty()) creations_.erase(it);
@@ -49,19 +49,19 @@ void Expectations::creation_failed(const std::string& key, const std::string& po
 }
 
 bool Expectations::deletion_pending(const std::string& key, const std::string& pod) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = deletions_.find(key);
   return it != deletions_.end() && it->second.contains(pod);
 }
 
 bool Expectations::creation_pending(const std::string& key, const std::string& pod) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = creations_.find(key);
   return it != creations_.end() && it->second.contains(pod);
 }
 
 void Expectations::forget(const std::string& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   deletions_.erase(key);
   creations_.erase(key);
 }

@@ -119,7 +119,7 @@ void Reconciler::Pass::update_created_condition(const Children& children) {
         "created its claim, Service and " + std::to_string(desired.size()) + " pod(s)", now);
   }
   if (create_failure && all_created) {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);  // what was refused exists now (created by a retry)
   }
 }

@@ -324,7 +324,7 @@ void Reconciler::Pass::settle_create(const Action& a, std::exception_ptr error, 
     // Exists already (a previous pass or another operator made it): nothing to do. A Service
     // or claim the cache lacks has no label of ours: remember it exists.
     if (a.kind != Action::Kind::kCreatePod && !r.view_->exists(resource_of(a), ns, a.name)) {
-      std::lock_guard lock(r.create_mu_);
+      MutexLock lock(r.create_mu_);
       r.unlabelled_children_.insert(ns + "/" + a.name);
     }
   } catch (const kube::InvalidError& e) {
@@ -388,7 +388,7 @@ void Reconciler::Pass::record_action_events(WriteOutcome& out) {
 void Reconciler::Pass::handle_refused_creates(const WriteOutcome& out) {
   if (out.refused_invalid) {
     {
-      std::lock_guard lock(r.create_mu_);
+      MutexLock lock(r.create_mu_);
       r.create_failures_.erase(key);
     }
     finish(api::phase::kFailed, api::reason::kInvalidSpec, *out.refused_invalid);
@@ -398,7 +398,7 @@ void Reconciler::Pass::handle_refused_creates(const WriteOutcome& out) {
   } else if (out.refused_transient) {
     CreateFailure f;
     {
-      std::lock_guard lock(r.create_mu_);
+      MutexLock lock(r.create_mu_);
       CreateFailure& entry = r.create_failures_[key];
       entry.count += 1;
       const int shift = std::min(entry.count - 1, 20);
@@ -412,7 +412,7 @@ void Reconciler::Pass::handle_refused_creates(const WriteOutcome& out) {
     api::set_condition(st, api::condition::kCreated, "False", api::reason::kFailedCreate, f.message,
                        now);
   } else if (out.created_any) {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);
   }
 }

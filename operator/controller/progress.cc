@@ -299,7 +299,7 @@ ProgressTracker::ProgressTracker(ProgressTrackerOptions options) : options_(std:
 
 ProgressTracker::~ProgressTracker() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     queue_.clear();
   }
@@ -358,7 +358,7 @@ std::optional<milliseconds> ProgressTracker::track(const std::string& key, const
   std::optional<milliseconds> wait;
   bool queued = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (terminated) {
       // Each termination once (a later read of another pod may move on from it); it replaces
       // the metrics sample, so an older read is never applied over it.
@@ -443,26 +443,27 @@ void ProgressTracker::derive_rate(const Entry& e, api::Time when, ProgressSample
 }
 
 void ProgressTracker::forget(const std::string& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   entries_.erase(key);
   std::erase_if(queue_, [&](const Read& r) { return r.key == key; });
   idle_cv_.notify_all();
 }
 
 bool ProgressTracker::wait_idle(milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && busy_ == 0; });
+  MutexLock lock(mu_);
+  return idle_cv_.wait_for(mu_, timeout,
+                           [&]() REQUIRES(mu_) { return queue_.empty() && busy_ == 0; });
 }
 
 void ProgressTracker::scrape_loop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    work_cv_.wait(mu_, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
     Read read = std::move(queue_.front());
     queue_.pop_front();
     ++busy_;
-    lock.unlock();
+    lock.Unlock();
 
     // The first endpoint that holds the chief role answers (see progress.h).
     std::optional<ProgressSample> sample;
@@ -492,7 +493,7 @@ void ProgressTracker::scrape_loop() {
       }
     }
 
-    lock.lock();
+    lock.Lock();
     bool changed = false, retry = false;
     auto it = entries_.find(read.key);
     if (it != entries_.end() && it->second.id == read.id) {
@@ -521,9 +522,9 @@ void ProgressTracker::scrape_loop() {
       }
     }
     if ((changed || retry) && options_.on_update) {
-      lock.unlock();
+      lock.Unlock();
       options_.on_update(read.key);
-      lock.lock();
+      lock.Lock();
     }
     --busy_;  // after on_update: wait_idle() covers the whole read, its report included
     idle_cv_.notify_all();

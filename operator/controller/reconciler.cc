@@ -182,7 +182,7 @@ ReconcileResult Reconciler::Pass::forget() {
   r.view_->forget_job(ns, name);
   r.progress_->forget(key);
   {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);
     for (const std::string& child : {service_name(name), name + "-logdir"}) {
       r.unlabelled_children_.erase(ns + "/" + child);
@@ -217,7 +217,7 @@ void Reconciler::Pass::observe_pods() {
     if (owned_by(op.object, job_uid, name)) owned.emplace(op.name, std::move(op));
   }
   {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     if (auto it = r.create_failures_.find(key); it != r.create_failures_.end()) {
       create_failure = it->second;
     }
@@ -339,7 +339,7 @@ void Reconciler::Pass::resume_and_check_deadline() {
 // claim is never waited on to be Bound: pods wait for it in the scheduler.
 Children Reconciler::Pass::ensure_claim_and_service() {
   auto unlabelled = [&](const std::string& child) {
-    std::lock_guard lock(r.create_mu_);
+    MutexLock lock(r.create_mu_);
     return r.unlabelled_children_.contains(ns + "/" + child);
   };
   Children c;

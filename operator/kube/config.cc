@@ -292,7 +292,7 @@ TokenSource::TokenSource(std::string fixed_token, std::string token_file)
 
 std::string TokenSource::token() {
   if (token_file_.empty()) return fixed_token_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   struct stat st {};
   if (::stat(token_file_.c_str(), &st) != 0) {
     if (!cached_.empty()) return cached_;  // mid-rotation: keep using the last token
@@ -313,7 +313,7 @@ std::string TokenSource::token() {
 }
 
 void TokenSource::invalidate() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stamp_ = FileStamp{};
 }
 

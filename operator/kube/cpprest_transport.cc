@@ -11,6 +11,7 @@
 #include <pplx/threadpool.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/mutex.h"
 
 namespace longhaul::kube {
 
@@ -166,7 +167,7 @@ class CpprestStream : public HttpStream {
  private:
   // Waits for the headers. Throws Cancelled after cancel(), Unavailable on network failure.
   void resolve() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (resolved_) return;
     try {
       response_ = pending_.get();
@@ -205,8 +206,8 @@ class CpprestStream : public HttpStream {
   pplx::cancellation_token_source cancel_;
   const std::string what_;
   std::atomic<bool> cancelled_{false};
-  mutable std::mutex mu_;
-  mutable bool resolved_ = false;         // guarded by mu_
+  mutable Mutex mu_;
+  mutable bool resolved_ GUARDED_BY(mu_) = false;
   mutable http::http_response response_;  // set once resolved_
   mutable HttpHeaders headers_;           // set once resolved_
   std::string buffered_;  // reader thread only: body bytes read, from start_ not yet returned

@@ -75,7 +75,7 @@ void EventRecorder::record(const json& object, std::string_view type, std::strin
                           std::string(type) + "\x1f" + std::string(reason) + "\x1f" + message;
   const std::string now = format_time(std::chrono::system_clock::now());
   try {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) {
       Aggregate& agg = it->second;

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "longhaul/base/log.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/cpprest_transport.h"
 #include "longhaul/kube/stop.h"
 
@@ -208,7 +209,7 @@ HttpClient::~HttpClient() { close(); }
 
 void HttpClient::close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
   }
   cv_.notify_all();
@@ -218,11 +219,11 @@ void HttpClient::close() {
 bool HttpClient::wait(Clock::duration delay) {
   const std::stop_token& stop = current_stop_token();
   std::stop_callback wake(stop, [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     cv_.notify_all();
   });
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, delay, [&] { return closed_ || stop.stop_requested(); });
+  MutexLock lock(mu_);
+  cv_.wait_for(mu_, delay, [&]() REQUIRES(mu_) { return closed_ || stop.stop_requested(); });
   return !closed_ && !stop.stop_requested();
 }
 
@@ -503,7 +504,7 @@ class HttpWatchStream : public WatchStream {
 
   void stop() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopped_ = true;
       if (current_ != nullptr) current_->cancel();
     }
@@ -512,7 +513,7 @@ class HttpWatchStream : public WatchStream {
 
  private:
   void publish(HttpStream* stream) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     current_ = stream;
     if (stopped_ && stream != nullptr) stream->cancel();
   }
@@ -544,8 +545,8 @@ class HttpWatchStream : public WatchStream {
             return out;
           },
           [this](Clock::duration d) {
-            std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait_for(lock, d, [this] { return stopped_; });
+            MutexLock lock(mu_);
+            cv_.wait_for(mu_, d, [this]() REQUIRES(mu_) { return stopped_; });
             return !stopped_;
           },
           [&](const std::string& code, Clock::time_point start) {
@@ -554,7 +555,7 @@ class HttpWatchStream : public WatchStream {
       if (!answer.stream) throw_api_error(answer.status, answer.body, call_.what);
       stream_ = std::move(answer.stream);
     } catch (const Cancelled&) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!stopped_) throw;  // the client was closed
     }
   }
@@ -565,10 +566,10 @@ class HttpWatchStream : public WatchStream {
   const std::chrono::seconds idle_;
   bool opened_ = false;                 // reader thread only
   std::unique_ptr<HttpStream> stream_;  // reader thread only; also published as current_
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopped_ = false;           // guarded by mu_
-  HttpStream* current_ = nullptr;  // guarded by mu_: the request to cancel on stop()
+  Mutex mu_;
+  CondVar cv_;
+  bool stopped_ GUARDED_BY(mu_) = false;
+  HttpStream* current_ GUARDED_BY(mu_) = nullptr;  // the request to cancel on stop()
 };
 
 std::unique_ptr<WatchStream> HttpClient::watch(const Resource& r, std::string_view ns,

@@ -108,7 +108,7 @@ void Store::index_locked(const std::string& key, const ObjectPtr& object, bool a
 }
 
 ObjectPtr Store::get(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = objects_.find(key);
   return it == objects_.end() ? nullptr : it->second;
 }
@@ -118,7 +118,7 @@ ObjectPtr Store::get(std::string_view ns, std::string_view name) const {
 }
 
 std::vector<ObjectPtr> Store::list() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ObjectPtr> out;
   out.reserve(objects_.size());
   for (const auto& [key, object] : objects_) out.push_back(object);
@@ -126,7 +126,7 @@ std::vector<ObjectPtr> Store::list() const {
 }
 
 std::vector<ObjectPtr> Store::list(std::string_view ns, const LabelSelector& selector) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ObjectPtr> out;
   // An indexed label the selector pins to one value: only those objects.
   for (const std::string& label : indexed_labels_) {
@@ -153,7 +153,7 @@ std::vector<ObjectPtr> Store::list(std::string_view ns, const LabelSelector& sel
 }
 
 std::vector<ObjectPtr> Store::by_owner_uid(const std::string& uid) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ObjectPtr> out;
   auto it = by_owner_.find(uid);
   if (it == by_owner_.end()) return out;
@@ -164,14 +164,14 @@ std::vector<ObjectPtr> Store::by_owner_uid(const std::string& uid) const {
 }
 
 std::vector<std::string> Store::keys() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& [key, object] : objects_) out.push_back(key);
   return out;
 }
 
 size_t Store::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return objects_.size();
 }
 
@@ -181,7 +181,7 @@ ObjectPtr Store::upsert(json object) {
 
 ObjectPtr Store::upsert(ObjectPtr ptr) {
   const std::string key = object_key(*ptr);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ObjectPtr old;
   if (auto it = objects_.find(key); it != objects_.end()) {
     old = it->second;
@@ -193,7 +193,7 @@ ObjectPtr Store::upsert(ObjectPtr ptr) {
 }
 
 ObjectPtr Store::erase(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = objects_.find(key);
   if (it == objects_.end()) return nullptr;
   ObjectPtr old = it->second;
@@ -205,7 +205,7 @@ ObjectPtr Store::erase(const std::string& key) {
 std::map<std::string, ObjectPtr> Store::replace(const std::vector<ObjectPtr>& objects) {
   std::map<std::string, ObjectPtr> fresh;
   for (const ObjectPtr& object : objects) fresh[object_key(*object)] = object;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::map<std::string, ObjectPtr> old;
   old.swap(objects_);
   objects_ = std::move(fresh);
@@ -240,7 +240,7 @@ void Informer::start() {
 
 void Informer::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     if (current_stream_ != nullptr) current_stream_->stop();
   }
@@ -249,25 +249,25 @@ void Informer::stop() {
 }
 
 bool Informer::has_synced() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return synced_;
 }
 
 bool Informer::wait_for_sync(std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [this] { return synced_ || stopping_; });
+  MutexLock lock(mu_);
+  cv_.wait_for(mu_, timeout, [this]() REQUIRES(mu_) { return synced_ || stopping_; });
   return synced_;
 }
 
 std::string Informer::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return resource_version_;
 }
 
 void Informer::set_resource_version(const json& object) {
   std::string rv = metadata_string(object, "resourceVersion");
   if (rv.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   resource_version_ = rv;
 }
 
@@ -277,8 +277,9 @@ bool Informer::backoff(int failures) {
       static_cast<double>(options_.initial_backoff.count()) * std::pow(2.0, std::min(failures, 30));
   ms = std::min(ms, static_cast<double>(options_.max_backoff.count()));
   ms *= std::uniform_real_distribution<double>(0.5, 1.0)(rng);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::duration<double, std::milli>(ms), [this] { return stopping_; });
+  MutexLock lock(mu_);
+  cv_.wait_for(mu_, std::chrono::duration<double, std::milli>(ms),
+               [this]() REQUIRES(mu_) { return stopping_; });
   return !stopping_;
 }
 
@@ -352,7 +353,7 @@ void Informer::list_and_sync() {
   }
   for (const auto& [key, object] : old) notify_delete(*object);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     synced_ = true;
   }
   cv_.notify_all();
@@ -429,14 +430,14 @@ bool Informer::watch_once(const ListOptions& opts, WatchOutcome& out) {
   try {
     std::unique_ptr<WatchStream> stream = client_->watch(options_.resource, options_.ns, opts);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return false;
       current_stream_ = stream.get();
     }
     struct Unpublish {
       Informer* self;
       ~Unpublish() {
-        std::lock_guard<std::mutex> lock(self->mu_);
+        MutexLock lock(self->mu_);
         self->current_stream_ = nullptr;
       }
     } unpublish{this};
@@ -467,7 +468,7 @@ void Informer::run() {
   std::mt19937_64 rng(std::random_device{}());
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
     if (need_list) {

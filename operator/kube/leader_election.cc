@@ -75,7 +75,7 @@ void LeaderElector::start() {
 
 void LeaderElector::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -83,13 +83,13 @@ void LeaderElector::stop() {
 }
 
 std::string LeaderElector::leader() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return observed_spec_.is_object() ? observed_spec_.value("holderIdentity", "") : "";
 }
 
 bool LeaderElector::wait(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [this] { return stopping_; });
+  MutexLock lock(mu_);
+  cv_.wait_for(mu_, d, [this]() REQUIRES(mu_) { return stopping_; });
   return !stopping_;
 }
 
@@ -106,7 +106,7 @@ void LeaderElector::observe(const json& spec) {
   std::string old_holder;
   std::string new_holder = spec.value("holderIdentity", "");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (spec == observed_spec_) return;
     old_holder = observed_spec_.is_object() ? observed_spec_.value("holderIdentity", "") : "";
     observed_spec_ = spec;
@@ -155,7 +155,7 @@ bool LeaderElector::try_acquire_or_renew() {
   const bool mine = holder == config_.identity;
   if (!holder.empty() && !mine) {
     const auto held_for = std::chrono::seconds(spec.value("leaseDurationSeconds", int64_t{0}));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (observed_time_ + held_for > std::chrono::steady_clock::now()) return false;  // valid
   }
   const int64_t transitions = spec.value("leaseTransitions", int64_t{0});
@@ -197,7 +197,7 @@ void LeaderElector::run() {
   };
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
     if (!try_acquire_or_renew()) {

@@ -10,7 +10,7 @@ TokenBucket::TokenBucket(double qps, int burst)
 
 TokenBucket::Clock::duration TokenBucket::reserve(Clock::time_point now) {
   if (qps_ <= 0) return Clock::duration::zero();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (now > last_) {
     const double elapsed = std::chrono::duration<double>(now - last_).count();
     tokens_ = std::min(burst_, tokens_ + elapsed * qps_);
@@ -26,22 +26,22 @@ bool TokenBucket::acquire(const std::stop_token& stop) {
   if (stop.stop_requested()) return false;
   const auto wait = reserve(Clock::now());
   if (wait <= Clock::duration::zero()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return !closed_;
   }
   // Registered before taking mu_: the callback runs inline when the stop is already requested.
   std::stop_callback wake(stop, [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     cv_.notify_all();
   });
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, wait, [&] { return closed_ || stop.stop_requested(); });
+  MutexLock lock(mu_);
+  cv_.wait_for(mu_, wait, [&]() REQUIRES(mu_) { return closed_ || stop.stop_requested(); });
   return !closed_ && !stop.stop_requested();
 }
 
 void TokenBucket::close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
   }
   cv_.notify_all();

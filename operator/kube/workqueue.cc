@@ -30,7 +30,7 @@ void WorkQueue::add_locked(const std::string& key) {
 }
 
 void WorkQueue::add(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   add_locked(key);
 }
 
@@ -39,7 +39,7 @@ void WorkQueue::add_after(const std::string& key, Clock::duration delay) {
     add(key);
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (shutdown_) return;
   const auto when = Clock::now() + delay;
   auto it = delayed_at_.find(key);
@@ -62,7 +62,7 @@ void WorkQueue::add_after(const std::string& key, Clock::duration delay) {
 void WorkQueue::add_rate_limited(const std::string& key) {
   Clock::duration delay;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     int failures = failures_[key]++;
     double ms =
         static_cast<double>(options_.base_delay.count()) * std::pow(2.0, std::min(failures, 62));
@@ -74,12 +74,12 @@ void WorkQueue::add_rate_limited(const std::string& key) {
 }
 
 void WorkQueue::forget(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   failures_.erase(key);
 }
 
 int WorkQueue::num_requeues(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = failures_.find(key);
   return it == failures_.end() ? 0 : it->second;
 }
@@ -96,7 +96,7 @@ std::optional<WorkQueue::Clock::time_point> WorkQueue::promote_due_locked(Clock:
 }
 
 std::optional<std::string> WorkQueue::get_until(std::optional<Clock::time_point> deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     if (shutdown_) return std::nullopt;
     const auto now = Clock::now();
@@ -106,9 +106,9 @@ std::optional<std::string> WorkQueue::get_until(std::optional<Clock::time_point>
     std::optional<Clock::time_point> wake = next_due;
     if (deadline && (!wake || *deadline < *wake)) wake = deadline;
     if (wake) {
-      cv_.wait_until(lock, *wake);
+      cv_.wait_until(mu_, *wake);
     } else {
-      cv_.wait(lock);
+      cv_.wait(mu_);
     }
   }
   std::string key = std::move(ready_.front());
@@ -138,7 +138,7 @@ std::optional<std::string> WorkQueue::get_for(Clock::duration timeout) {
 }
 
 void WorkQueue::done(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   processing_.erase(key);
   if (dirty_.count(key) && !shutdown_) {
     ready_.push_back(key);
@@ -150,19 +150,19 @@ void WorkQueue::done(const std::string& key) {
 
 void WorkQueue::shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     shutdown_ = true;
   }
   cv_.notify_all();
 }
 
 bool WorkQueue::shutting_down() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return shutdown_;
 }
 
 size_t WorkQueue::depth() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return ready_.size();
 }
 

@@ -45,7 +45,7 @@ FakeKubelet::~FakeKubelet() { stop(); }
 
 void FakeKubelet::stop() {
   {
-    std::lock_guard lock(mu_);
+    longhaul::MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -54,12 +54,12 @@ void FakeKubelet::stop() {
 }
 
 void FakeKubelet::set_auto_run(bool on) {
-  std::lock_guard lock(mu_);
+  longhaul::MutexLock lock(mu_);
   auto_run_ = on;
 }
 
 void FakeKubelet::set_stuck(const std::string& pod, bool stuck) {
-  std::lock_guard lock(mu_);
+  longhaul::MutexLock lock(mu_);
   if (stuck) {
     stuck_.insert(pod);
   } else {
@@ -131,7 +131,7 @@ void FakeKubelet::sync_once() {
   bool auto_run;
   std::set<std::string> stuck;
   {
-    std::lock_guard lock(mu_);
+    longhaul::MutexLock lock(mu_);
     auto_run = auto_run_;
     stuck = stuck_;
   }
@@ -194,17 +194,17 @@ void FakeKubelet::sync_once() {
 }
 
 void FakeKubelet::run() {
-  std::unique_lock lock(mu_);
+  longhaul::MutexLock lock(mu_);
   while (!stopping_) {
-    lock.unlock();
+    lock.Unlock();
     try {
       sync_once();
     } catch (const std::exception&) {
       // A pod changed or vanished between list and write: the next round sees the new state.
     }
-    lock.lock();
+    lock.Lock();
     // The kubelet's sync period; state is re-read each round, nothing waits on this delay.
-    cv_.wait_for(lock, 30ms, [this] { return stopping_; });
+    cv_.wait_for(mu_, 30ms, [this]() REQUIRES(mu_) { return stopping_; });
   }
 }
 

@@ -82,7 +82,7 @@ fs::path find_program(const std::string& name, const std::vector<fs::path>& bin_
 }  // namespace
 
 int PortMap::port_for(const std::string& address) {
-  std::lock_guard lock(mu_);
+  longhaul::MutexLock lock(mu_);
   auto it = ports_.find(address);
   if (it != ports_.end()) return it->second;
   int port = 0;

@@ -239,7 +239,7 @@ void DataParallel::start_gradient_averaging(model::LanguageModel& model) {
   last_bucket_count_ = 0;
   contract_error_ = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_base_ = grads.data();
     queue_scale_ = 1.0f / static_cast<float>(world_size());
     stop_ = false;
@@ -296,7 +296,7 @@ void DataParallel::on_gradients_ready(size_t begin, size_t end) {
 
 void DataParallel::issue_bucket(Span bucket) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(bucket);
     ++issued_buckets_;
   }
@@ -305,9 +305,9 @@ void DataParallel::issue_bucket(Span bucket) {
 }
 
 void DataParallel::communication_loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    work_cv_.wait(mu_, [this]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });
     if (stop_) return;  // buckets still queued are abandoned (stop_communication_thread)
     const Span bucket = queue_.front();
     queue_.pop_front();
@@ -315,7 +315,7 @@ void DataParallel::communication_loop() {
     const size_t count = bucket.end - bucket.begin;
     const float scale = queue_scale_;
     const bool failed = comm_error_ != nullptr;
-    lock.unlock();
+    lock.Unlock();
     std::exception_ptr error;
     double seconds = 0;
     if (!failed) {  // after a failure the group is unusable: the rest are skipped
@@ -328,7 +328,7 @@ void DataParallel::communication_loop() {
       }
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    lock.lock();
+    lock.Lock();
     if (kill_after_bucket_ && !error && !failed) {
       // Test-only fault injection (data_parallel.h): die between two buckets of a step, while
       // the peers are inside the next all-reduce with this replica.
@@ -344,9 +344,9 @@ void DataParallel::communication_loop() {
 }
 
 std::exception_ptr DataParallel::wait_for_buckets() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Each bucket's all-reduce ends within the collective timeout (or throws), so this is bounded.
-  done_cv_.wait(lock, [this] { return completed_buckets_ == issued_buckets_; });
+  done_cv_.wait(mu_, [this]() REQUIRES(mu_) { return completed_buckets_ == issued_buckets_; });
   std::exception_ptr error = comm_error_;
   comm_error_ = nullptr;
   return error;
@@ -354,12 +354,12 @@ std::exception_ptr DataParallel::wait_for_buckets() {
 
 void DataParallel::stop_communication_thread() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
   if (comm_thread_.joinable()) comm_thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   queue_.clear();
   completed_buckets_ = issued_buckets_;
 }
@@ -431,7 +431,7 @@ void DataParallel::allreduce_whole(model::LanguageModel& model) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   busy_seconds_ += seconds;
 }
 
@@ -457,7 +457,7 @@ Communicator& DataParallel::group() {
 }
 
 double DataParallel::allreduce_busy_seconds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return busy_seconds_;
 }
 
@@ -555,7 +555,7 @@ bool DataParallel::regroup(supervisor::TrainingState& state) {
   pending_ = {};
   stop_communication_thread();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     comm_error_ = nullptr;
     stop_ = false;
   }

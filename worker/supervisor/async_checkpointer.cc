@@ -34,10 +34,10 @@ bool AsyncCheckpointer::request(const std::function<void(Snapshot&)>& fill, Mode
   auto start = SteadyClock::now();
   int slot = -1;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return false;
     if (mode == Mode::kSkipIfBusy && (writing_ >= 0 || !queued_.empty())) return false;
-    cv_.wait(lock, [&] { return !free_.empty() || stopping_; });
+    cv_.wait(mu_, [&]() REQUIRES(mu_) { return !free_.empty() || stopping_; });
     if (stopping_) return false;
     slot = free_.back();
     free_.pop_back();
@@ -46,14 +46,14 @@ bool AsyncCheckpointer::request(const std::function<void(Snapshot&)>& fill, Mode
   try {
     fill(slots_[slot].snapshot);
   } catch (...) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(slot);
     cv_.notify_all();
     throw;
   }
   slots_[slot].stall_seconds = seconds_since(start);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queued_.push_back(slot);
   }
   cv_.notify_all();
@@ -63,7 +63,7 @@ bool AsyncCheckpointer::request(const std::function<void(Snapshot&)>& fill, Mode
 void AsyncCheckpointer::preallocate(const std::vector<TensorSpec>& specs) {
   int slot = -1;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (free_.empty()) return;
     slot = free_.back();
   }
@@ -75,8 +75,8 @@ void AsyncCheckpointer::run() {
   while (true) {
     int slot = -1;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !queued_.empty() || stopping_; });
+      MutexLock lock(mu_);
+      cv_.wait(mu_, [&]() REQUIRES(mu_) { return !queued_.empty() || stopping_; });
       if (queued_.empty()) return;  // stopping and nothing left to write
       slot = queued_.front();
       queued_.erase(queued_.begin());
@@ -105,14 +105,14 @@ void AsyncCheckpointer::run() {
     } catch (...) {
       LH_LOG(ERROR) << "checkpoint write failed" << kv("step", s.snapshot.step);
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         ++failures_;
         last_error_ = std::current_exception();
       }
       if (coord_ != nullptr) coord_->request_stop(std::current_exception());
     }
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       writing_ = -1;
       free_.push_back(slot);
       if (stats) {
@@ -125,18 +125,18 @@ void AsyncCheckpointer::run() {
 }
 
 void AsyncCheckpointer::wait_idle() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return writing_ < 0 && queued_.empty(); });
+  MutexLock lock(mu_);
+  cv_.wait(mu_, [&]() REQUIRES(mu_) { return writing_ < 0 && queued_.empty(); });
 }
 
 bool AsyncCheckpointer::idle() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return writing_ < 0 && queued_.empty();
 }
 
 void AsyncCheckpointer::stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -144,17 +144,17 @@ void AsyncCheckpointer::stop() {
 }
 
 std::optional<CheckpointStats> AsyncCheckpointer::last_stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return last_;
 }
 
 int64_t AsyncCheckpointer::saves() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return saves_;
 }
 
 int64_t AsyncCheckpointer::failures() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return failures_;
 }
 
@@ -163,7 +163,7 @@ int64_t AsyncCheckpointer::failures() const {
 namespace longhaul::supervisor {
 
 std::exception_ptr AsyncCheckpointer::last_error() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return last_error_;
 }
 

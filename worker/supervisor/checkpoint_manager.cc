@@ -135,7 +135,7 @@ std::vector<CheckpointEntry> CheckpointManager::scan_directory() const {
 void CheckpointManager::load_state() {
   const std::optional<CheckpointState> state =
       read_state_or_warn(options_.logdir, "rebuilding it from a directory scan");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   entries_.clear();
   if (state) {
     last_preserved_timestamp_ = state->last_preserved_timestamp;
@@ -189,11 +189,11 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
 
   // The new list is worked out on a copy and published only once the state file naming it is
   // committed: readers see the previous list meanwhile, and keep it if the write fails.
-  std::lock_guard saving(save_mu_);
+  MutexLock saving(save_mu_);
   std::vector<CheckpointEntry> entries;
   double last_preserved = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     entries = entries_;
     last_preserved = last_preserved_timestamp_;
   }
@@ -224,7 +224,7 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
     write_checkpoint_state(options_.logdir, state);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     entries_ = std::move(entries);
     last_preserved_timestamp_ = last_preserved;
   }
@@ -244,18 +244,18 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
 }
 
 std::optional<std::filesystem::path> CheckpointManager::latest() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (entries_.empty()) return std::nullopt;
   return entries_.back().file;
 }
 
 std::vector<CheckpointEntry> CheckpointManager::checkpoints() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return entries_;
 }
 
 CheckpointState CheckpointManager::state() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return state_of(entries_, last_preserved_timestamp_);
 }
 

@@ -47,7 +47,7 @@ Coordinator::~Coordinator() {
   request_stop();
   std::list<Thread> threads;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     threads.swap(threads_);
   }
   for (auto& t : threads) {
@@ -60,7 +60,7 @@ Coordinator::~Coordinator() {
 
 void Coordinator::request_stop(std::exception_ptr error) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (error && !error_ && !is_clean_stop(error)) {
       error_ = error;
       if (code_of(error) == Code::kCancelled) {
@@ -79,17 +79,17 @@ bool Coordinator::wait_for_stop(Clock::duration timeout) const {
 }
 
 bool Coordinator::wait_until_stop(Clock::time_point deadline) const {
-  std::unique_lock lock(mu_);
-  return cv_.wait_until(lock, deadline, [&] { return stop_.load(); });
+  MutexLock lock(mu_);
+  return cv_.wait_until(mu_, deadline, [&]() REQUIRES(mu_) { return stop_.load(); });
 }
 
 void Coordinator::wait_for_stop() const {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return stop_.load(); });
+  MutexLock lock(mu_);
+  cv_.wait(mu_, [&]() REQUIRES(mu_) { return stop_.load(); });
 }
 
 void Coordinator::clear_stop() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& t : threads_) {
     if (!t.done) {
       throw FailedPrecondition("Coordinator::clear_stop called while thread " + t.name +
@@ -101,7 +101,7 @@ void Coordinator::clear_stop() {
 }
 
 std::exception_ptr Coordinator::error() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return error_;
 }
 
@@ -111,14 +111,14 @@ void Coordinator::raise_requested_exception() const {
 }
 
 void Coordinator::start_thread(std::string name, std::function<void()> body) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   threads_.push_back(Thread{std::move(name), std::thread(), false});
   Thread* self = &threads_.back();
   try {
     self->thread = std::thread([this, self, body = std::move(body)] {
       stop_on_exception(*this, body);
       {
-        std::lock_guard l(mu_);
+        MutexLock l(mu_);
         self->done = true;
       }
       cv_.notify_all();
@@ -131,16 +131,16 @@ void Coordinator::start_thread(std::string name, std::function<void()> body) {
 }
 
 void Coordinator::join(Clock::duration stop_grace) {
-  std::unique_lock lock(mu_);
-  auto all_done = [&] {
+  MutexLock lock(mu_);
+  auto all_done = [&]() REQUIRES(mu_) {
     for (const auto& t : threads_) {
       if (!t.done) return false;
     }
     return true;
   };
   // Wait for all threads to end or for a stop request; then give them the grace period.
-  cv_.wait(lock, [&] { return stop_.load() || all_done(); });
-  cv_.wait_until(lock, Clock::now() + stop_grace, all_done);
+  cv_.wait(mu_, [&]() REQUIRES(mu_) { return stop_.load() || all_done(); });
+  cv_.wait_until(mu_, Clock::now() + stop_grace, all_done);
 
   std::vector<std::string> stragglers;
   std::list<Thread> finished;
@@ -155,7 +155,7 @@ void Coordinator::join(Clock::duration stop_grace) {
     }
   }
   auto error = error_;
-  lock.unlock();
+  lock.Unlock();
   for (auto& t : finished) t.thread.join();
 
   if (error) std::rethrow_exception(error);
@@ -170,7 +170,7 @@ void Coordinator::join(Clock::duration stop_grace) {
 }
 
 std::vector<std::string> Coordinator::running_threads() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& t : threads_) {
     if (!t.done) names.push_back(t.name);

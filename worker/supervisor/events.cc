@@ -154,7 +154,7 @@ EventsWriter::~EventsWriter() {
 void EventsWriter::write_event(tensorboard::Event event) {
   if (event.wall_time() == 0) event.set_wall_time(now_seconds());
   std::string bytes = event.SerializeAsString();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) {
     throw FailedPrecondition("events file " + path_.string() + " is closed; cannot add events");
   }
@@ -236,18 +236,18 @@ void EventsWriter::write_out(std::string& pending) {
 }
 
 void EventsWriter::flush() {
-  std::lock_guard write_lock(write_mu_);
+  MutexLock write_lock(write_mu_);
   if (fd_ < 0) return;
   std::string pending;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending.swap(buffer_);
   }
   try {
     write_out(pending);
   } catch (...) {
     // Put back what was not written, ahead of newer records, so a later flush retries it.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     buffer_.insert(0, pending);
     throw;
   }
@@ -257,8 +257,8 @@ void EventsWriter::flush_loop() {
   auto interval = std::chrono::duration<double>(options_.flush_secs);
   while (true) {
     {
-      std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, interval, [&] { return closed_; })) return;
+      MutexLock lock(mu_);
+      if (cv_.wait_for(mu_, interval, [&]() REQUIRES(mu_) { return closed_; })) return;
     }
     try {
       flush();
@@ -271,21 +271,21 @@ void EventsWriter::flush_loop() {
 
 void EventsWriter::close() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return;
     closed_ = true;
   }
   cv_.notify_all();
   if (flusher_.joinable()) flusher_.join();
-  std::lock_guard write_lock(write_mu_);
+  MutexLock write_lock(write_mu_);
   if (fd_ < 0) return;
   std::string pending;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending.swap(buffer_);
   }
   const int fd = fd_;
-  auto close_fd = [&] {
+  auto close_fd = [&]() REQUIRES(write_mu_) {
     ::close(fd);
     fd_ = -1;
   };
@@ -304,7 +304,7 @@ void EventsWriter::close() {
 }
 
 uint64_t EventsWriter::records_written() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return records_;
 }
 

@@ -80,13 +80,13 @@ SignalHandler::~SignalHandler() {
 }
 
 void SignalHandler::attach(Supervisor& supervisor) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   supervisor_ = &supervisor;
   if (const int signo = received_.load(); signo != 0) deliver(supervisor, signo);
 }
 
 void SignalHandler::detach() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   supervisor_ = nullptr;
 }
 
@@ -148,7 +148,7 @@ void SignalHandler::watch() {
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(exit_deadline_secs_));
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (supervisor_ != nullptr) deliver(*supervisor_, signo);
   }
 }

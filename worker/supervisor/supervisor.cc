@@ -246,14 +246,14 @@ Supervisor::~Supervisor() {
   }
   if (checkpointer_) checkpointer_->stop();
   {
-    std::lock_guard lock(events_mu_);
+    MutexLock lock(events_mu_);
     events_.reset();
   }
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }
 
 std::filesystem::path Supervisor::events_file() const {
-  std::lock_guard lock(events_mu_);
+  MutexLock lock(events_mu_);
   return events_ ? events_->path() : std::filesystem::path();
 }
 
@@ -377,12 +377,12 @@ void Supervisor::start_services(TrainingState& state) {
         options_.logdir, EventsWriter::Options{.flush_secs = options_.events_flush_secs});
     writer->add_session_log(tensorboard::SessionLog::START, state.global_step());
     writer->flush();
-    std::lock_guard lock(events_mu_);
+    MutexLock lock(events_mu_);
     events_ = std::move(writer);
   }
   checkpointer_ = std::make_unique<AsyncCheckpointer>(
       *manager_, &coord_, options_.checkpoint_listeners, [this](const CheckpointStats& st) {
-        std::lock_guard lock(events_mu_);
+        MutexLock lock(events_mu_);
         if (events_) {
           // An absolute path, as TensorFlow writes: not relative to wherever the worker runs.
           std::error_code ec;
@@ -406,7 +406,7 @@ void Supervisor::start_services(TrainingState& state) {
         // that add_scalar on the training thread never waits for the disk.
         EventsWriter* events = nullptr;
         {
-          std::lock_guard lock(events_mu_);
+          MutexLock lock(events_mu_);
           events = events_.get();
         }
         if (events) events->flush();
@@ -463,22 +463,22 @@ void Supervisor::loop(double interval_secs, std::function<void()> fn, std::strin
 }
 
 void Supervisor::summary_computed(const tensorboard::Summary& summary, int64_t step) {
-  std::lock_guard lock(events_mu_);
+  MutexLock lock(events_mu_);
   if (events_) events_->add_summary(summary, step);
 }
 
 void Supervisor::add_scalar(std::string_view tag, double value, int64_t step) {
-  std::lock_guard lock(events_mu_);
+  MutexLock lock(events_mu_);
   if (events_) events_->add_scalar(tag, value, step);
 }
 
 void Supervisor::add_text(std::string_view tag, std::string_view text, int64_t step) {
-  std::lock_guard lock(events_mu_);
+  MutexLock lock(events_mu_);
   if (events_) events_->add_text(tag, text, step);
 }
 
 void Supervisor::add_histogram(std::string_view tag, std::span<const float> values, int64_t step) {
-  std::lock_guard lock(events_mu_);
+  MutexLock lock(events_mu_);
   if (events_) events_->add_histogram(tag, values, step);
 }
 
@@ -585,7 +585,7 @@ void Supervisor::finish_session(TrainingState& state, bool clean_end) {
   }
   std::unique_ptr<EventsWriter> events;
   {
-    std::lock_guard lock(events_mu_);
+    MutexLock lock(events_mu_);
     events.swap(events_);
   }
   if (events) {

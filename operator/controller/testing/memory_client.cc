@@ -29,7 +29,7 @@ void MemoryClient::count(const std::string& verb, const std::string& plural) {
 }
 
 kube::json MemoryClient::get(const kube::Resource& r, std::string_view ns, std::string_view name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = objects_.find({r.plural, std::string(ns), std::string(name)});
   if (it == objects_.end()) {
     throw kube::NotFoundError(r.plural + " \"" + std::string(name) + "\" not found");
@@ -39,7 +39,7 @@ kube::json MemoryClient::get(const kube::Resource& r, std::string_view ns, std::
 
 kube::json MemoryClient::list(const kube::Resource& r, std::string_view ns,
                               const kube::ListOptions& opts) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   json items = json::array();
   for (const auto& [k, o] : objects_) {
     if (std::get<0>(k) == r.plural && (ns.empty() || std::get<1>(k) == ns) &&
@@ -52,7 +52,7 @@ kube::json MemoryClient::list(const kube::Resource& r, std::string_view ns,
 
 kube::json MemoryClient::create(const kube::Resource& r, std::string_view ns, const json& object) {
   if (before_create) before_create(r, object);  // may throw, as the API server would answer
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   count("create", r.plural);
   json o = object;
   const Key key{r.plural, std::string(ns), name_of(o)};
@@ -81,7 +81,7 @@ kube::json& MemoryClient::current_locked(const kube::Resource& r, std::string_vi
 }
 
 kube::json MemoryClient::update(const kube::Resource& r, std::string_view ns, const json& object) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   count("update", r.plural);
   json& stored = current_locked(r, ns, object);
   json o = object;
@@ -96,7 +96,7 @@ kube::json MemoryClient::update(const kube::Resource& r, std::string_view ns, co
 
 kube::json MemoryClient::update_status(const kube::Resource& r, std::string_view ns,
                                        const json& object) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   count("update_status", r.plural);
   json& stored = current_locked(r, ns, object);
   stored["status"] = object.value("status", json::object());
@@ -106,7 +106,7 @@ kube::json MemoryClient::update_status(const kube::Resource& r, std::string_view
 
 kube::json MemoryClient::patch(const kube::Resource& r, std::string_view ns, std::string_view name,
                                const json& patch, kube::PatchType, bool) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   count("patch", r.plural);
   auto it = objects_.find({r.plural, std::string(ns), std::string(name)});
   if (it == objects_.end()) throw kube::NotFoundError(std::string(name) + " not found");
@@ -126,7 +126,7 @@ kube::json MemoryClient::patch(const kube::Resource& r, std::string_view ns, std
 
 void MemoryClient::remove(const kube::Resource& r, std::string_view ns, std::string_view name,
                           const kube::DeleteOptions& opts) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   count("delete", r.plural);
   auto it = objects_.find({r.plural, std::string(ns), std::string(name)});
   if (it == objects_.end()) throw kube::NotFoundError(std::string(name) + " not found");
@@ -169,7 +169,7 @@ std::unique_ptr<kube::WatchStream> MemoryClient::watch(const kube::Resource&, st
 }
 
 void MemoryClient::put(const kube::Resource& r, const json& object) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   json o = object;
   o["metadata"]["resourceVersion"] = std::to_string(++rv_);
   objects_[{r.plural, o["metadata"].value("namespace", "default"), name_of(o)}] = o;
@@ -183,30 +183,30 @@ std::vector<kube::json> MemoryClient::all(const kube::Resource& r, std::string_v
 }
 
 bool MemoryClient::has(const kube::Resource& r, std::string_view ns, std::string_view name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return objects_.contains({r.plural, std::string(ns), std::string(name)});
 }
 
 void MemoryClient::erase(const kube::Resource& r, std::string_view ns, std::string_view name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   objects_.erase({r.plural, std::string(ns), std::string(name)});
 }
 
 int MemoryClient::writes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   int n = 0;
   for (const auto& [_, c] : writes_) n += c;
   return n;
 }
 
 int MemoryClient::writes_of(const std::string& verb, const std::string& plural) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = writes_.find({verb, plural});
   return it == writes_.end() ? 0 : it->second;
 }
 
 void MemoryClient::reset_counts() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   writes_.clear();
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/client.h"
 
 namespace longhaul::controller::testing {
@@ -50,14 +51,15 @@ class MemoryClient : public kube::Client {
 
  private:
   using Key = std::tuple<std::string, std::string, std::string>;  // plural, ns, name
-  void count(const std::string& verb, const std::string& plural);
-  json& current_locked(const kube::Resource& r, std::string_view ns, const json& object);
-  void cascade(const std::string& uid);
-  mutable std::mutex mu_;
-  std::map<Key, json> objects_;
-  int64_t rv_ = 1;
-  int64_t uid_ = 1;
-  std::map<std::pair<std::string, std::string>, int> writes_;
+  void count(const std::string& verb, const std::string& plural) REQUIRES(mu_);
+  json& current_locked(const kube::Resource& r, std::string_view ns, const json& object)
+      REQUIRES(mu_);
+  void cascade(const std::string& uid) REQUIRES(mu_);
+  mutable Mutex mu_;
+  std::map<Key, json> objects_ GUARDED_BY(mu_);
+  int64_t rv_ GUARDED_BY(mu_) = 1;
+  int64_t uid_ GUARDED_BY(mu_) = 1;
+  std::map<std::pair<std::string, std::string>, int> writes_ GUARDED_BY(mu_);
 };
 
 }  // namespace longhaul::controller::testing

@@ -95,7 +95,7 @@ void TestHttpServer::serve(const http::Request& raw, http::Connection& connectio
   request.headers.assign(raw.headers.begin(), raw.headers.end());
   request.body = raw.body;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    longhaul::MutexLock lock(mu_);
     requests_.push_back(request);
   }
   cv_.notify_all();
@@ -109,18 +109,18 @@ void TestHttpServer::serve(const http::Request& raw, http::Connection& connectio
 }
 
 std::vector<Request> TestHttpServer::requests() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  longhaul::MutexLock lock(mu_);
   return requests_;
 }
 
 bool TestHttpServer::wait_for_requests(size_t n, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return requests_.size() >= n; });
+  longhaul::MutexLock lock(mu_);
+  return cv_.wait_for(mu_, timeout, [&]() REQUIRES(mu_) { return requests_.size() >= n; });
 }
 
 void LineChannel::push(std::string line) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    longhaul::MutexLock lock(mu_);
     lines_.push_back(std::move(line));
   }
   cv_.notify_all();
@@ -128,14 +128,14 @@ void LineChannel::push(std::string line) {
 
 void LineChannel::close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    longhaul::MutexLock lock(mu_);
     closed_ = true;
   }
   cv_.notify_all();
 }
 
 std::optional<std::string> LineChannel::pop(const ResponseWriter& writer) {
-  std::unique_lock<std::mutex> lock(mu_);
+  longhaul::MutexLock lock(mu_);
   for (;;) {
     if (!lines_.empty()) {
       std::string line = std::move(lines_.front());
@@ -143,7 +143,7 @@ std::optional<std::string> LineChannel::pop(const ResponseWriter& writer) {
       return line;
     }
     if (closed_ || writer.server_stopping() || writer.client_gone()) return std::nullopt;
-    cv_.wait_for(lock, std::chrono::milliseconds(10));
+    cv_.wait_for(mu_, std::chrono::milliseconds(10));
   }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "longhaul/base/http_connection.h"
+#include "longhaul/base/mutex.h"
 
 namespace longhaul::kube::testing {
 
@@ -85,9 +86,9 @@ class TestHttpServer {
 
   Handler handler_;
   std::atomic<bool> stopping_{false};
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::vector<Request> requests_;  // guarded by mu_
+  mutable longhaul::Mutex mu_;
+  mutable longhaul::CondVar cv_;
+  std::vector<Request> requests_ GUARDED_BY(mu_);
   http::ConnectionServer server_;  // last: destroyed first (stop() has joined it by then)
 };
 
@@ -100,10 +101,10 @@ class LineChannel {
   std::optional<std::string> pop(const ResponseWriter& writer);
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::string> lines_;  // guarded by mu_
-  bool closed_ = false;            // guarded by mu_
+  longhaul::Mutex mu_;
+  longhaul::CondVar cv_;
+  std::deque<std::string> lines_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 // Waits (polling every millisecond) until `condition` holds; false after `timeout`.

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/informer.h"
 
@@ -42,8 +43,9 @@ class JobVersions {
   size_t awaited() const;  // jobs whose cached copy is not yet usable (tests, diagnostics)
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::string, std::string> awaited_;  // "ns/name" -> resourceVersion ("" = any read)
+  mutable Mutex mu_;
+  // "ns/name" -> resourceVersion ("" = any read)
+  std::map<std::string, std::string> awaited_ GUARDED_BY(mu_);
 };
 
 class ClusterView {

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/controller/cluster_view.h"
 #include "longhaul/controller/event_sink.h"
 #include "longhaul/controller/reconciler.h"
@@ -110,8 +111,8 @@ class Controller {
   std::vector<std::thread> workers_;
   std::thread resync_;
   std::atomic<bool> workers_running_{false};
-  std::mutex term_mu_;
-  std::stop_source term_;  // guarded by term_mu_: the stop of the current leadership term
+  Mutex term_mu_;
+  std::stop_source term_ GUARDED_BY(term_mu_);  // the stop of the current leadership term
   std::mutex resync_mu_;
   std::condition_variable resync_cv_;
   bool started_ = false;

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "longhaul/base/mutex.h"
+
 namespace longhaul::controller {
 
 class Expectations {
@@ -40,9 +42,9 @@ class Expectations {
     std::chrono::steady_clock::time_point since;
   };
   std::chrono::steady_clock::duration ttl_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::map<std::string, Pending>> deletions_;  // guarded by mu_
-  std::map<std::string, std::map<std::string, Pending>> creations_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::map<std::string, Pending>> deletions_ GUARDED_BY(mu_);
+  std::map<std::string, std::map<std::string, Pending>> creations_ GUARDED_BY(mu_);
 };
 
 }  // namespace longhaul::controller

@@ -73,6 +73,7 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/base/mutex.h"
 
 namespace longhaul::controller {
 
@@ -222,14 +223,14 @@ class ProgressTracker {
   static void derive_rate(const Entry& e, api::Time when, ProgressSample& s);
 
   ProgressTrackerOptions options_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;       // a read was queued, or stopping
-  std::condition_variable idle_cv_;       // a read finished
-  std::map<std::string, Entry> entries_;  // guarded by mu_
-  std::deque<Read> queue_;                // guarded by mu_
-  int busy_ = 0;                          // guarded by mu_: reads in flight
-  uint64_t next_id_ = 1;                  // guarded by mu_
-  bool stopping_ = false;                 // guarded by mu_
+  Mutex mu_;
+  CondVar work_cv_;  // a read was queued, or stopping
+  CondVar idle_cv_;  // a read finished
+  std::map<std::string, Entry> entries_ GUARDED_BY(mu_);
+  std::deque<Read> queue_ GUARDED_BY(mu_);
+  int busy_ GUARDED_BY(mu_) = 0;  // reads in flight
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

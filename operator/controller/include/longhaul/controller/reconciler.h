@@ -66,6 +66,7 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/controller/cluster_view.h"
 #include "longhaul/controller/event_sink.h"
 #include "longhaul/controller/expectations.h"
@@ -133,11 +134,11 @@ class Reconciler {
     api::Time retry_at;
     std::string message;  // for the Created condition
   };
-  std::mutex create_mu_;
-  std::map<std::string, CreateFailure> create_failures_;  // guarded by create_mu_
+  Mutex create_mu_;
+  std::map<std::string, CreateFailure> create_failures_ GUARDED_BY(create_mu_);
   // "ns/name" of Services and claims whose create answered 409 although the cache has no such
   // object (one without the operator's label): they exist; not asked for again.
-  std::set<std::string> unlabelled_children_;  // guarded by create_mu_
+  std::set<std::string> unlabelled_children_ GUARDED_BY(create_mu_);
   std::unique_ptr<ProgressTracker> progress_;  // last: its threads stop first
 };
 

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/cpprest_transport.h"
 
 namespace longhaul::kube {
@@ -65,16 +66,16 @@ class TokenSource {
   void invalidate();
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   const std::string fixed_token_;
   const std::string token_file_;
-  std::string cached_;  // guarded by mu_
+  std::string cached_ GUARDED_BY(mu_);
   struct FileStamp {
     ino_t inode = 0;
     long long mtime_ns = 0;
     long long size = -1;
     bool operator==(const FileStamp&) const = default;
-  } stamp_;  // guarded by mu_
+  } stamp_ GUARDED_BY(mu_);
 };
 
 // Builds the transport options (server + TLS) of a config.

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/client.h"
 
 namespace longhaul::kube {
@@ -59,9 +60,9 @@ class EventRecorder {
 
   const std::shared_ptr<Client> client_;
   EventRecorderOptions options_;
-  std::mutex mu_;                                     // serialises recording
-  std::unordered_map<std::string, Aggregate> cache_;  // guarded by mu_
-  std::list<std::string> lru_;                        // guarded by mu_: most recent first
+  Mutex mu_;  // serialises recording
+  std::unordered_map<std::string, Aggregate> cache_ GUARDED_BY(mu_);
+  std::list<std::string> lru_ GUARDED_BY(mu_);  // most recent first
 };
 
 }  // namespace longhaul::kube

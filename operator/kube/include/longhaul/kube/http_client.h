@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/config.h"
 #include "longhaul/kube/http_transport.h"
@@ -101,9 +102,9 @@ class HttpClient : public Client {
   std::shared_ptr<TokenSource> tokens_;
   HttpClientOptions options_;
   TokenBucket limiter_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool closed_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 // Percent-encodes a query parameter value (RFC 3986 unreserved characters kept).

@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/selector.h"
 
@@ -72,13 +73,13 @@ class Store {
   std::map<std::string, ObjectPtr> replace(const std::vector<ObjectPtr>& objects);
 
  private:
-  void index_locked(const std::string& key, const ObjectPtr& object, bool add);
+  void index_locked(const std::string& key, const ObjectPtr& object, bool add) REQUIRES(mu_);
   const std::vector<std::string> indexed_labels_;
-  mutable std::mutex mu_;
-  std::map<std::string, ObjectPtr> objects_;               // guarded by mu_
-  std::map<std::string, std::set<std::string>> by_owner_;  // guarded by mu_: uid -> keys
-  // guarded by mu_: indexed label -> value -> keys
-  std::map<std::string, std::map<std::string, std::set<std::string>>> by_label_;
+  mutable Mutex mu_;
+  std::map<std::string, ObjectPtr> objects_ GUARDED_BY(mu_);
+  std::map<std::string, std::set<std::string>> by_owner_ GUARDED_BY(mu_);  // uid -> keys
+  // indexed label -> value -> keys
+  std::map<std::string, std::map<std::string, std::set<std::string>>> by_label_ GUARDED_BY(mu_);
 };
 
 struct ResourceEventHandlers {
@@ -177,12 +178,12 @@ class Informer {
   std::atomic<bool> started_{false};
   std::atomic<int> list_count_{0};
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool stopping_ = false;                  // guarded by mu_
-  bool synced_ = false;                    // guarded by mu_
-  WatchStream* current_stream_ = nullptr;  // guarded by mu_: the open watch, for stop()
-  std::string resource_version_;           // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool synced_ GUARDED_BY(mu_) = false;
+  WatchStream* current_stream_ GUARDED_BY(mu_) = nullptr;  // the open watch, for stop()
+  std::string resource_version_ GUARDED_BY(mu_);
 };
 
 }  // namespace longhaul::kube

@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/kube/client.h"
 
 namespace longhaul::kube {
@@ -84,12 +85,12 @@ class LeaderElector {
   std::thread thread_;
   std::atomic<bool> leading_{false};
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
   // Elector-thread state (also read under mu_ by leader()).
-  json observed_spec_;                                   // guarded by mu_
-  std::chrono::steady_clock::time_point observed_time_;  // guarded by mu_
+  json observed_spec_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point observed_time_ GUARDED_BY(mu_);
 };
 
 }  // namespace longhaul::kube

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <stop_token>
 
+#include "longhaul/base/mutex.h"
+
 namespace longhaul::kube {
 
 class TokenBucket {
@@ -30,11 +32,11 @@ class TokenBucket {
  private:
   const double qps_;
   const double burst_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  double tokens_;           // guarded by mu_; negative when callers are queued
-  Clock::time_point last_;  // guarded by mu_
-  bool closed_ = false;     // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  double tokens_ GUARDED_BY(mu_);  // negative when callers are queued
+  Clock::time_point last_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace longhaul::kube

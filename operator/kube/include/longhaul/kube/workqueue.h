@@ -26,6 +26,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "longhaul/base/mutex.h"
+
 namespace longhaul::kube {
 
 struct WorkQueueOptions {
@@ -59,23 +61,23 @@ class WorkQueue {
   size_t depth() const;  // ready keys (not counting delayed or in-process ones)
 
  private:
-  void add_locked(const std::string& key);
+  void add_locked(const std::string& key) REQUIRES(mu_);
   // Moves delayed keys whose time has come to the ready queue; returns the next due time.
-  std::optional<Clock::time_point> promote_due_locked(Clock::time_point now);
+  std::optional<Clock::time_point> promote_due_locked(Clock::time_point now) REQUIRES(mu_);
   std::optional<std::string> get_until(std::optional<Clock::time_point> deadline);
-  void report_depth_locked();
+  void report_depth_locked() REQUIRES(mu_);
 
   const WorkQueueOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::string> ready_;               // guarded by mu_
-  std::unordered_set<std::string> dirty_;       // guarded by mu_: needs processing
-  std::unordered_set<std::string> processing_;  // guarded by mu_
-  std::unordered_map<std::string, Clock::time_point> ready_since_;  // guarded by mu_
-  std::multimap<Clock::time_point, std::string> delayed_;           // guarded by mu_
-  std::unordered_map<std::string, Clock::time_point> delayed_at_;   // guarded by mu_: earliest
-  std::unordered_map<std::string, int> failures_;                   // guarded by mu_
-  bool shutdown_ = false;                                           // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::string> ready_ GUARDED_BY(mu_);
+  std::unordered_set<std::string> dirty_ GUARDED_BY(mu_);  // needs processing
+  std::unordered_set<std::string> processing_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, Clock::time_point> ready_since_ GUARDED_BY(mu_);
+  std::multimap<Clock::time_point, std::string> delayed_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, Clock::time_point> delayed_at_ GUARDED_BY(mu_);  // earliest
+  std::unordered_map<std::string, int> failures_ GUARDED_BY(mu_);
+  bool shutdown_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace longhaul::kube

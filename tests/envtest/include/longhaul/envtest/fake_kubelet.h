@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/envtest/control_plane.h"
 
 namespace longhaul::envtest {
@@ -56,11 +57,11 @@ class FakeKubelet {
   const std::string ns_;
   const std::string node_;
   std::shared_ptr<kube::HttpClient> client_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                   // guarded by mu_
-  bool auto_run_ = true;                                    // guarded by mu_
-  std::set<std::string> stuck_;                             // guarded by mu_
+  longhaul::Mutex mu_;
+  longhaul::CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool auto_run_ GUARDED_BY(mu_) = true;
+  std::set<std::string> stuck_ GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_heartbeat_{};  // kubelet thread only
   std::thread thread_;
 };

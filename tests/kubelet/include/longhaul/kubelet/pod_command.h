@@ -40,6 +40,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "longhaul/base/mutex.h"
+
 namespace longhaul::kubelet {
 
 using json = nlohmann::json;
@@ -56,9 +58,9 @@ class PortMap {
   std::string local_address(const std::string& address);
 
  private:
-  std::mutex mu_;
-  int next_;                          // guarded by mu_
-  std::map<std::string, int> ports_;  // guarded by mu_
+  longhaul::Mutex mu_;
+  int next_ GUARDED_BY(mu_);
+  std::map<std::string, int> ports_ GUARDED_BY(mu_);
 };
 
 struct CommandOptions {

@@ -107,6 +107,7 @@
 #include <vector>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/distributed/communicator.h"
 #include "longhaul/model/language_model.h"
 #include "longhaul/supervisor/training_state.h"
@@ -291,22 +292,22 @@ class DataParallel {
 
   // Shared with the communication thread.
   std::thread comm_thread_;
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;  // the thread waits for buckets or stop
-  std::condition_variable done_cv_;  // the training thread waits for completions
-  std::deque<Span> queue_;           // guarded by mu_: issued, not yet started
-  float* queue_base_ = nullptr;      // guarded by mu_: the buffer the spans index
-  float queue_scale_ = 1.0f;         // guarded by mu_: 1 / world_size
-  size_t issued_buckets_ = 0;        // guarded by mu_: issued since construction
-  size_t completed_buckets_ = 0;     // guarded by mu_: done (or skipped) since construction
-  std::exception_ptr comm_error_;    // guarded by mu_: the first failure of the thread
-  bool stop_ = false;                // guarded by mu_
-  double busy_seconds_ = 0;          // guarded by mu_
+  mutable Mutex mu_;
+  CondVar work_cv_;                                // the thread waits for buckets or stop
+  CondVar done_cv_;                                // the training thread waits for completions
+  std::deque<Span> queue_ GUARDED_BY(mu_);         // issued, not yet started
+  float* queue_base_ GUARDED_BY(mu_) = nullptr;    // the buffer the spans index
+  float queue_scale_ GUARDED_BY(mu_) = 1.0f;       // 1 / world_size
+  size_t issued_buckets_ GUARDED_BY(mu_) = 0;      // issued since construction
+  size_t completed_buckets_ GUARDED_BY(mu_) = 0;   // done (or skipped) since construction
+  std::exception_ptr comm_error_ GUARDED_BY(mu_);  // the first failure of the thread
+  bool stop_ GUARDED_BY(mu_) = false;
+  double busy_seconds_ GUARDED_BY(mu_) = 0;
   // Test-only: LONGHAUL_TEST_KILL_MID_ALLREDUCE=k (read at construction) makes this process
   // SIGKILL itself after the first gradient bucket of its k-th averaged step (overlapped CPU
   // path): a replica lost in the middle of a step's all-reduce, for the recovery tests.
   int64_t kill_mid_allreduce_at_ = 0;
-  bool kill_after_bucket_ = false;  // guarded by mu_
+  bool kill_after_bucket_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace longhaul::dist

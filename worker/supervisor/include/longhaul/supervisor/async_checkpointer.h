@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/checkpoint_manager.h"
 
 namespace longhaul::supervisor {
@@ -112,17 +113,17 @@ class AsyncCheckpointer {
   std::vector<CheckpointListener*> listeners_;
   SavedCallback on_saved_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   Slot slots_[2];
-  std::vector<int> free_;    // guarded by mu_: slots the training thread may fill
-  std::vector<int> queued_;  // guarded by mu_: filled slots waiting for the writer, FIFO
-  int writing_ = -1;         // guarded by mu_: slot being written, -1 when none
-  bool stopping_ = false;    // guarded by mu_
-  std::optional<CheckpointStats> last_;  // guarded by mu_
-  int64_t saves_ = 0;                    // guarded by mu_
-  int64_t failures_ = 0;                 // guarded by mu_
-  std::exception_ptr last_error_;        // guarded by mu_
+  std::vector<int> free_ GUARDED_BY(mu_);    // slots the training thread may fill
+  std::vector<int> queued_ GUARDED_BY(mu_);  // filled slots waiting for the writer, FIFO
+  int writing_ GUARDED_BY(mu_) = -1;         // slot being written, -1 when none
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::optional<CheckpointStats> last_ GUARDED_BY(mu_);
+  int64_t saves_ GUARDED_BY(mu_) = 0;
+  int64_t failures_ GUARDED_BY(mu_) = 0;
+  std::exception_ptr last_error_ GUARDED_BY(mu_);
   std::thread writer_;
 };
 

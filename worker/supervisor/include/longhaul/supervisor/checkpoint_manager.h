@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/checkpoint_state.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/training_state.h"
@@ -107,11 +108,11 @@ class CheckpointManager {
   CheckpointManagerOptions options_;
   // Held by save() from reading the list to publishing the new one, across the state file's
   // write and syncs: state file rewrites happen one at a time, in list order. Taken before mu_.
-  std::mutex save_mu_;
+  Mutex save_mu_;
   // Guards the published list; never held across I/O.
-  mutable std::mutex mu_;
-  std::vector<CheckpointEntry> entries_;  // guarded by mu_; oldest first
-  double last_preserved_timestamp_ = 0;   // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<CheckpointEntry> entries_ GUARDED_BY(mu_);  // oldest first
+  double last_preserved_timestamp_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace longhaul::supervisor

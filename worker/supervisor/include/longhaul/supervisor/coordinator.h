@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
+
 namespace longhaul::supervisor {
 
 class Coordinator {
@@ -76,14 +78,14 @@ class Coordinator {
   struct Thread {
     std::string name;
     std::thread thread;
-    bool done = false;  // guarded by mu_
+    bool done = false;  // guarded by Coordinator::mu_ (not expressible on a nested struct)
   };
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;  // signalled on stop and when a thread finishes
+  mutable Mutex mu_;
+  mutable CondVar cv_;  // signalled on stop and when a thread finishes
   std::atomic<bool> stop_{false};
-  std::exception_ptr error_;   // guarded by mu_
-  std::list<Thread> threads_;  // guarded by mu_ (std::list: stable addresses)
+  std::exception_ptr error_ GUARDED_BY(mu_);
+  std::list<Thread> threads_ GUARDED_BY(mu_);  // std::list: stable addresses
 };
 
 // Runs `fn`; an exception escaping it calls coord.request_stop(that exception) instead of

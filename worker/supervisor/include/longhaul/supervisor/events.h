@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/event.pb.h"
 
 namespace longhaul::supervisor {
@@ -78,28 +79,28 @@ class EventsWriter {
                        std::string_view checkpoint_path = {}, std::string_view msg = {});
 
   // Writes buffered records to the file (no fsync). Throws on I/O errors naming the file.
-  void flush();
+  void flush() EXCLUDES(write_mu_, mu_);
   // flush + fsync + close; joins the flush thread. Later writes throw FailedPrecondition.
-  void close();
+  void close() EXCLUDES(write_mu_, mu_);
 
   const std::filesystem::path& path() const { return path_; }
   uint64_t records_written() const;
 
  private:
-  void write_out(std::string& pending);
+  void write_out(std::string& pending) REQUIRES(write_mu_);
   void flush_loop();
 
   std::filesystem::path path_;
   Options options_;
   // Lock order: write_mu_ before mu_. mu_ is held only to append to or swap out the buffer, so
   // adding a record never waits for disk I/O; write_mu_ serialises the writes themselves.
-  std::mutex write_mu_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  int fd_ = -1;           // guarded by write_mu_
-  std::string buffer_;    // guarded by mu_: framed records not yet written
-  bool closed_ = false;   // guarded by mu_
-  uint64_t records_ = 0;  // guarded by mu_
+  Mutex write_mu_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  int fd_ GUARDED_BY(write_mu_) = -1;
+  std::string buffer_ GUARDED_BY(mu_);  // framed records not yet written
+  bool closed_ GUARDED_BY(mu_) = false;
+  uint64_t records_ GUARDED_BY(mu_) = 0;
   std::thread flusher_;
 };
 

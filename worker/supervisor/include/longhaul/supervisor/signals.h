@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
+
 namespace longhaul::supervisor {
 
 class Supervisor;
@@ -58,8 +60,8 @@ class SignalHandler {
   void install();
   void watch();
   void deliver(Supervisor& supervisor, int signo);
-  std::mutex mu_;                     // guards supervisor_
-  Supervisor* supervisor_ = nullptr;  // guarded by mu_
+  Mutex mu_;  // guards supervisor_
+  Supervisor* supervisor_ GUARDED_BY(mu_) = nullptr;
   std::vector<int> signals_;
   std::vector<struct sigaction> previous_;
   double exit_deadline_secs_;

@@ -81,6 +81,7 @@
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/async_checkpointer.h"
 #include "longhaul/supervisor/coordinator.h"
 #include "longhaul/supervisor/events.h"
@@ -225,9 +226,9 @@ class Supervisor {
   Coordinator coord_;
   std::unique_ptr<CheckpointManager> manager_;
   std::unique_ptr<AsyncCheckpointer> checkpointer_;
-  std::unique_ptr<EventsWriter> events_;  // guarded by events_mu_; open during a chief session
-  mutable std::mutex events_mu_;          // guards events_ (the pointer; the writer locks itself)
-  TrainingState* state_ = nullptr;        // during managed_session only
+  std::unique_ptr<EventsWriter> events_ GUARDED_BY(events_mu_);  // open during a chief session
+  mutable Mutex events_mu_;         // guards events_ (the pointer; the writer locks itself)
+  TrainingState* state_ = nullptr;  // during managed_session only
   std::atomic<int> checkpoint_due_{0};
   std::atomic<int64_t> last_saved_step_{-1};
   std::optional<int64_t> restored_step_;
