@@ -241,6 +241,15 @@ def test_tiny_example_trains_to_success_with_step_and_last_ckpt_visible(node, op
                       .get("status", {}).get("phase") in ("Succeeded", "Failed"), TRAIN_DEADLINE, 2.0)
         status = get_json(node, "tj", job, "-n", JOB_NS)["status"]
         assert status["phase"] == "Succeeded", status
+        # Regression (#27): a job that trained 1,500 of 1,500 steps ended Succeeded showing STEP
+        # 749/1500, the last metrics read before the chief exited. The finished job shows the
+        # step it ended at and its last committed checkpoint, from the chief's termination
+        # message, exactly.
+        progress = status.get("progress", {})
+        assert progress.get("step") == 160 and progress.get("steps") == "160/160", status
+        assert progress.get("lastCheckpointStep") == 160, status
+        cols = get_tj_columns(node, job)
+        assert cols.get("STEP") == "160/160", cols
     except BaseException:
         print(dump_on_failure(node, job))
         raise
