@@ -150,6 +150,7 @@ void expect_one_writer_at_a_time(const fs::path& logdir, const std::vector<Worke
     ASSERT_FALSE(events.empty()) << files[i];
     double begin = INFINITY, end = 0;
     int64_t start_step = -1, stop_step = -1, last_loss_index = -1;
+    bool device_text = false;
     for (const auto& e : events) {
       if (e.has_file_version()) continue;
       begin = std::min(begin, e.wall_time());
@@ -166,9 +167,13 @@ void expect_one_writer_at_a_time(const fs::path& logdir, const std::vector<Worke
             EXPECT_GE(e.step(), start_step) << files[i] << ": a scalar before the hand-over";
             last_loss_index = e.step();
           }
+          if (v.tag().starts_with("device")) device_text = true;
         }
       }
     }
+    // Regression: a promoted chief's events file lacked the `device` text summary
+    // (TensorBoard's Text tab showed nothing for the rest of the run).
+    EXPECT_TRUE(device_text) << files[i] << " has no `device` text summary";
     EXPECT_GE(begin, previous_end) << files[i] << " was written while an earlier writer still was";
     previous_end = end;
     if (last) {

@@ -442,6 +442,8 @@ class TrainingSession {
       if (options_.chief_role && options_.chief_role() && !sv_.is_chief()) {
         sv_.promote_to_chief(trainer_, std::chrono::milliseconds(static_cast<int64_t>(
                                            config_.supervisor.regroup_timeout_secs * 1000)));
+        // The new events file tells what this run trains on, as the first chief's did.
+        sv_.summary_computed(text_summary("device", plan_.details()), trainer_.global_step());
       }
       return true;
     }
