@@ -8,7 +8,7 @@
 # Without test files it runs chart_test.py and images_test.py.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=../support/shell/find_venv.sh
+# shellcheck source=SCRIPTDIR/../support/shell/find_venv.sh
 source "$here/../support/shell/find_venv.sh"  # sets venv and python, or exits 77
 if ! "$python" -c "import helm_python, kubernetes_validate, jsonschema, yaml, pytest" 2>/dev/null; then
   echo "FAILED: $venv lacks the chart test's packages; scripts/setup-venv.sh must install:" >&2

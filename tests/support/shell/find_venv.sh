@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the Python suites' runners (tests/chart/run_chart_test.sh, tests/node/run_node_test.sh):
 # sets `python` to the project's test venv's interpreter, ${LONGHAUL_VENV:-<repo>/.venv} (a
 # relative LONGHAUL_VENV is taken from the current folder), and `venv` to that venv; exits 77
