@@ -25,7 +25,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -103,12 +102,7 @@ def plane():
                     cert=(str(pki / "admin.crt"), str(pki / "admin.key")))
         yield {"admin": admin, "info": info, "workdir": workdir}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        kube_client.stop_process(proc)
         log.close()
 
 
@@ -219,13 +213,7 @@ class Operator:
         return self.log_path.read_text(errors="replace")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        kube_client.stop_process(self.proc)
         self._log.close()
 
 

@@ -308,13 +308,7 @@ class _Process:
             return ""
 
     def stop(self, grace: float = 20.0):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        kube_client.stop_process(self.proc, grace)
         self._out.close()
 
 
@@ -834,13 +828,7 @@ class ControlPlane:
         self.info = json.loads(info_file.read_text())
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        kube_client.stop_process(self.proc)
         self._log.close()
 
 

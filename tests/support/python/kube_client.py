@@ -1,6 +1,6 @@
-"""The small Kubernetes REST client and polling helper that the Python suites against a real API
-server share (tests/chart/chart_real_test.py, tests/node/node_harness.py): standard library only,
-so that it also runs under a bare `python3` (node_harness.py's command line).
+"""The small Kubernetes REST client, polling and process helpers that the Python suites against a
+real API server share (tests/chart/chart_real_test.py, tests/node/node_harness.py): standard
+library only, so that it also runs under a bare `python3` (node_harness.py's command line).
 
 Import it after putting this folder on sys.path:
     sys.path.insert(0, str(REPO / "tests" / "support" / "python"))
@@ -9,7 +9,9 @@ Import it after putting this folder on sys.path:
 from __future__ import annotations
 
 import json
+import signal
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +30,18 @@ def eventually(what: str, pred, timeout: float, interval: float, fail):
         time.sleep(interval)
     fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
     raise AssertionError(f"eventually: fail() returned instead of raising for {what}")
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 60.0):
+    """SIGTERM to proc unless it has exited, then SIGKILL when it has not ended within `grace`
+    seconds; returns once it is reaped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class ApiError(Exception):
