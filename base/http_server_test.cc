@@ -26,22 +26,9 @@ using namespace std::chrono_literals;
 using testing::eventually;
 using testing::HeldConnections;
 
+// The raw reply to GET <target>; "" when nothing listens.
 std::string get(int port, const std::string& target) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string reply;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = "GET " + target + " HTTP/1.1\r\nHost: x\r\n\r\n";
-    (void)!::write(fd, request.data(), request.size());
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return reply;
+  return testing::http_get_raw(port, target, 10s);
 }
 
 Server metrics_server(ServerOptions options = {}) {
@@ -115,24 +102,7 @@ TEST(HttpServer, IdleClientsDoNotHoldUpAScrapeOrTheStop) {
 // A scrape as Prometheus makes it, bounded by Prometheus's own 10 s timeout (connect included):
 // the body, or "" when the server did not answer in time.
 std::string scrape_within_10s(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  // bounds connect() too
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string reply;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
-    (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    char buf[4096];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
-      reply.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
+  const std::string reply = testing::http_get_raw(port, "/metrics", 10s);
   if (reply.rfind("HTTP/1.1 200 OK\r\n", 0) != 0) return "";
   return reply.substr(reply.find("\r\n\r\n") + 4);
 }

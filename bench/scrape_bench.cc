@@ -18,11 +18,6 @@
 #include <string>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "longhaul/base/http_server.h"
 #include "longhaul/testing/loopback.h"
 
@@ -38,24 +33,7 @@ double ms_since(Clock::time_point t) {
 
 // One scrape with Prometheus's 10 s timeout; the length of the body, or -1.
 long scrape(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string reply;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = "GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n";
-    (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    char buf[16384];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
-      reply.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
+  const std::string reply = testing::http_get_raw(port, "/metrics", std::chrono::seconds(10));
   if (reply.rfind("HTTP/1.1 200", 0) != 0) return -1;
   return static_cast<long>(reply.size() - reply.find("\r\n\r\n") - 4);
 }

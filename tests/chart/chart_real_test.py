@@ -25,10 +25,9 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import socket
-import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -41,6 +40,10 @@ import yaml
 import helm_python as helm
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "support" / "python"))
+import kube_client  # noqa: E402  (needs the sys.path entry above)
+from kube_client import Api, ApiError  # noqa: E402
+
 CHART = REPO / "charts" / "longhaul"
 VALUES_ALL = pathlib.Path(__file__).with_name("values-all.yaml")
 PROMETHEUS_OPERATOR_CRDS = pathlib.Path(__file__).with_name("prometheus-operator-crds")
@@ -57,100 +60,7 @@ def eventually(what: str, pred, timeout: float = DEADLINE):
     """Polls pred() until it returns a truthy value (returned) or the deadline passes (fails)."""
     if os.environ.get("LONGHAUL_TRACE"):
         print(f"{time.monotonic() - T0:7.2f}s waiting for {what}", flush=True)
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, body: str, what: str):
-        super().__init__(f"{what}: HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-
-class Api:
-    """A small REST client: client certificate (admin) or bearer token (a ServiceAccount)."""
-
-    def __init__(self, server: str, ca_file: str, cert: tuple[str, str] | None = None,
-                 token: str | None = None):
-        self.server = server
-        self.context = ssl.create_default_context(cafile=ca_file)
-        if cert:
-            self.context.load_cert_chain(*cert)
-        self.token = token
-        self._discovery: dict[str, list] = {}
-
-    def request(self, method: str, path: str, body=None,
-                content_type: str = "application/json") -> tuple[int, dict]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        if self.token:
-            req.add_header("Authorization", "Bearer " + self.token)
-        try:
-            with urllib.request.urlopen(req, context=self.context, timeout=60) as resp:
-                text = resp.read().decode()
-                return resp.status, (json.loads(text) if text else {})
-        except urllib.error.HTTPError as e:
-            text = e.read().decode()
-            try:
-                return e.code, json.loads(text)
-            except ValueError:
-                return e.code, {"message": text}
-
-    def call(self, method: str, path: str, body=None, content_type: str = "application/json"):
-        status, answer = self.request(method, path, body, content_type)
-        if not 200 <= status < 300:
-            raise ApiError(status, json.dumps(answer), f"{method} {path}")
-        return answer
-
-    def get(self, path: str) -> dict | None:
-        status, answer = self.request("GET", path)
-        if status == 404:
-            return None
-        if status != 200:
-            raise ApiError(status, json.dumps(answer), f"GET {path}")
-        return answer
-
-    def resource(self, api_version: str, kind: str) -> tuple[str, bool]:
-        """(collection prefix, namespaced) of a kind, through discovery."""
-        prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-        if prefix not in self._discovery:
-            self._discovery[prefix] = self.call("GET", prefix)["resources"]
-        for r in self._discovery[prefix]:
-            if r["kind"] == kind and "/" not in r["name"]:
-                return f"{prefix}/{{ns}}{r['name']}", r["namespaced"]
-        self._discovery.pop(prefix)
-        raise LookupError(f"the API server serves no {kind} in {api_version}")
-
-    def apply(self, obj: dict, namespace: str) -> dict:
-        """Creates obj, or replaces it when it exists, refusing unknown fields
-        (fieldValidation=Strict, as `kubectl apply --validate=strict`). Returns the server's
-        object."""
-        path, namespaced = self.resource(obj["apiVersion"], obj["kind"])
-        ns = obj["metadata"].get("namespace", namespace) if namespaced else ""
-        if namespaced:
-            obj["metadata"]["namespace"] = ns
-        collection = path.format(ns=f"namespaces/{ns}/" if namespaced else "")
-        strict = "?fieldValidation=Strict"
-        status, answer = self.request("POST", collection + strict, obj)
-        if status == 409:
-            name = obj["metadata"]["name"]
-            current = self.call("GET", f"{collection}/{name}")
-            obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            return self.call("PUT", f"{collection}/{name}{strict}", obj)
-        if status not in (200, 201):
-            raise ApiError(status, json.dumps(answer),
-                           f"create {obj['kind']} {ns}/{obj['metadata']['name']}")
-        return answer
+    return kube_client.eventually(what, pred, timeout, 0.1, pytest.fail)
 
 
 # ------------------------------------------------------------------------------ control plane
@@ -192,12 +102,7 @@ def plane():
                     cert=(str(pki / "admin.crt"), str(pki / "admin.key")))
         yield {"admin": admin, "info": info, "workdir": workdir}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        kube_client.stop_process(proc)
         log.close()
 
 
@@ -308,13 +213,7 @@ class Operator:
         return self.log_path.read_text(errors="replace")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        kube_client.stop_process(self.proc)
         self._log.close()
 
 

@@ -8,15 +8,8 @@
 # Without test files it runs chart_test.py and images_test.py.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-venv="${LONGHAUL_VENV:-$repo/.venv}"
-[[ "$venv" = /* ]] || venv="$PWD/$venv"
-python="$venv/bin/python"
-
-if [[ ! -x "$python" ]]; then
-  echo "SKIPPED: no Python venv at $venv; create it with scripts/setup-venv.sh"
-  exit 77
-fi
+# shellcheck source=SCRIPTDIR/../support/shell/find_venv.sh
+source "$here/../support/shell/find_venv.sh"  # sets venv and python, or exits 77
 if ! "$python" -c "import helm_python, kubernetes_validate, jsonschema, yaml, pytest" 2>/dev/null; then
   echo "FAILED: $venv lacks the chart test's packages; scripts/setup-venv.sh must install:" >&2
   echo "  helm-python-sdk kubernetes-validate pyyaml pytest (jsonschema comes with kubernetes-validate)" >&2

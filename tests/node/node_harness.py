@@ -49,10 +49,12 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.error
 import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "support" / "python"))
+import kube_client  # noqa: E402  (needs the sys.path entry above)
+
 ROOT = pathlib.Path(os.environ.get("LONGHAUL_NODE_ROOT") or "/var/tmp/longhaul-node")
 NODE_NAME = "longhaul-node"
 BRIDGE = "lhnode0"
@@ -187,57 +189,27 @@ def _sysctl_path(key: str) -> pathlib.Path:
     return pathlib.Path("/proc/sys", *key.split("."))
 
 
+def _fail(message: str):
+    raise NodeError(message)
+
+
 def eventually(what: str, pred, timeout: float = START_TIMEOUT, interval: float = 0.2):
     """Polls pred() until it returns something truthy (returned); raises NodeError at the deadline."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise NodeError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    return kube_client.eventually(what, pred, timeout, interval, _fail)
 
 
-class Api:
-    """A minimal REST client as the envtest admin (client certificate)."""
+class NodeApiError(NodeError, kube_client.ApiError):
+    """An API call of the node's admin client failed (a NodeError, as the node's other failures)."""
+
+
+class Api(kube_client.Api):
+    """The shared REST client (tests/support/python/kube_client.py) as the envtest admin (client
+    certificate); failed calls raise NodeApiError."""
+
+    error_type = NodeApiError
 
     def __init__(self, server: str, ca_file: str, cert: str, key: str):
-        self.server = server
-        self.context = ssl.create_default_context(cafile=ca_file)
-        self.context.load_cert_chain(cert, key)
-
-    def request(self, method: str, path: str, body=None,
-                content_type: str = "application/json") -> tuple[int, dict]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        try:
-            with urllib.request.urlopen(req, context=self.context, timeout=60) as resp:
-                text = resp.read().decode()
-                return resp.status, (json.loads(text) if text else {})
-        except urllib.error.HTTPError as e:
-            text = e.read().decode()
-            try:
-                return e.code, json.loads(text)
-            except ValueError:
-                return e.code, {"message": text}
-
-    def call(self, method: str, path: str, body=None, content_type: str = "application/json"):
-        status, answer = self.request(method, path, body, content_type)
-        if not 200 <= status < 300:
-            raise NodeError(f"{method} {path}: HTTP {status}: {json.dumps(answer)[:500]}")
-        return answer
-
-    def get(self, path: str) -> dict | None:
-        status, answer = self.request("GET", path)
-        if status == 404:
-            return None
-        if status != 200:
-            raise NodeError(f"GET {path}: HTTP {status}: {json.dumps(answer)[:500]}")
-        return answer
+        super().__init__(server, ca_file, cert=(cert, key))
 
 
 # ----------------------------------------------------------------------------- OCI archives
@@ -336,13 +308,7 @@ class _Process:
             return ""
 
     def stop(self, grace: float = 20.0):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        kube_client.stop_process(self.proc, grace)
         self._out.close()
 
 
@@ -862,13 +828,7 @@ class ControlPlane:
         self.info = json.loads(info_file.read_text())
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        kube_client.stop_process(self.proc)
         self._log.close()
 
 

@@ -7,14 +7,7 @@
 #   tests/node/run_node_test.sh FILE_test.py... [pytest args]   venv: ${LONGHAUL_VENV:-<repo>/.venv}
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-venv="${LONGHAUL_VENV:-$repo/.venv}"
-[[ "$venv" = /* ]] || venv="$PWD/$venv"
-python="$venv/bin/python"
-
-if [[ ! -x "$python" ]]; then
-  echo "SKIPPED: no Python venv at $venv; create it with scripts/setup-venv.sh"
-  exit 77
-fi
+# shellcheck source=SCRIPTDIR/../support/shell/find_venv.sh
+source "$here/../support/shell/find_venv.sh"  # sets venv and python, or exits 77
 cd "$here"
 exec "$python" -m pytest -q -p no:cacheprovider -rs "$@"

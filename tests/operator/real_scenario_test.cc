@@ -170,6 +170,21 @@ class RealScenario : public envtest::RealServerTest {
                        {"lastState", json::object()}}}}}}},
                  kube::PatchType::kMerge, /*status_subresource=*/true);
   }
+  // Starts the operator and job "j" (a chief and a worker, progress read every 5 s) whose chief
+  // serves its metrics on 127.0.0.1:<metrics_port>, and waits for its pods to run; the chief
+  // pod's status then reports 127.0.0.1 as its IP, as a kubelet would.
+  void run_job_with_chief_metrics_at(int metrics_port) {
+    start_operator();
+    json job = job_manifest("j", 1);
+    job["spec"]["progressIntervalSeconds"] = 5;
+    job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
+        {{"name", "metrics"}, {"containerPort", metrics_port}}};
+    create(job);
+    ASSERT_TRUE(eventually([&] { return running("j", 2, 0); }));
+    admin->patch(kube::resources::kPods, ns, "j-chief-0",
+                 {{"status", {{"podIP", "127.0.0.1"}, {"podIPs", {{{"ip", "127.0.0.1"}}}}}}},
+                 kube::PatchType::kMerge, /*status_subresource=*/true);
+  }
   static size_t count(const std::vector<std::string>& writes, const std::string& prefix,
                       const std::string& suffix) {
     return std::count_if(writes.begin(), writes.end(), [&](const std::string& w) {
@@ -698,17 +713,7 @@ TEST_F(RealScenario, ChiefProgressFromItsMetricsShowsInKubectlGet) {
                               std::to_string(checkpoint_unix) + "\n"};
   });
   chief.start();
-  start_operator();
-  json job = job_manifest("j", 1);
-  job["spec"]["progressIntervalSeconds"] = 5;
-  job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
-      {{"name", "metrics"}, {"containerPort", chief.port()}}};
-  create(job);
-  ASSERT_TRUE(eventually([&] { return running("j", 2, 0); }));
-  // The IP a kubelet reports; the chief's metrics server listens there.
-  admin->patch(kube::resources::kPods, ns, "j-chief-0",
-               {{"status", {{"podIP", "127.0.0.1"}, {"podIPs", {{{"ip", "127.0.0.1"}}}}}}},
-               kube::PatchType::kMerge, /*status_subresource=*/true);
+  ASSERT_NO_FATAL_FAILURE(run_job_with_chief_metrics_at(chief.port()));
   ASSERT_TRUE(eventually([&] {
     const auto p = status().progress;
     return p && p->steps == "1200/5000";
@@ -749,16 +754,7 @@ TEST_F(RealScenario, RateEtaAndTheExactEndOfAChiefShowInKubectlGet) {
                               "\nlonghaul_train_max_steps{rank=\"0\"} 5000\n"};
   });
   chief.start();
-  start_operator();
-  json job = job_manifest("j", 1);
-  job["spec"]["progressIntervalSeconds"] = 5;
-  job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["ports"] = {
-      {{"name", "metrics"}, {"containerPort", chief.port()}}};
-  create(job);
-  ASSERT_TRUE(eventually([&] { return running("j", 2, 0); }));
-  admin->patch(kube::resources::kPods, ns, "j-chief-0",
-               {{"status", {{"podIP", "127.0.0.1"}, {"podIPs", {{{"ip", "127.0.0.1"}}}}}}},
-               kube::PatchType::kMerge, /*status_subresource=*/true);
+  ASSERT_NO_FATAL_FAILURE(run_job_with_chief_metrics_at(chief.port()));
   ASSERT_TRUE(eventually([&] {
     const auto p = status().progress;
     return p && p->steps_per_second > 0 && !p->eta.empty();

@@ -138,6 +138,26 @@ class DistLivenessTest : public ::testing::TestWithParam<Case> {
         dir_, dir_, std::move(env));
   }
 
+  // The chief stops itself at c.phase once the workers started, and is then left as c.fault
+  // says (killed, or stopped; frozen stays so); the workers waiting for it end: 143 when
+  // SIGTERMed, else 138 (a lost peer). The chief is still to be killed by the caller.
+  void run_with_the_chief_stopped(const Case& c,
+                                  std::vector<std::unique_ptr<WorkerProcess>>& ranks) {
+    const std::string stop_at = phase_name(c.phase);
+    ranks[0] = start_rank(0, "c.yaml", stop_at);
+    for (int r = 1; r < kWorld; ++r) ranks[r] = start_rank(r, "c.yaml");
+    ASSERT_TRUE(stderr_has(*ranks[0], "LONGHAUL_TEST_STOP_AT: stopped at " + stop_at, kDeadline))
+        << ranks[0]->err();
+    if (c.fault == Fault::kKilled) ranks[0]->signal(SIGKILL);
+    if (c.fault == Fault::kStopSignal) {
+      for (int r = 1; r < kWorld; ++r) ranks[r]->signal(SIGTERM);
+    }
+    for (int r = 1; r < kWorld; ++r) {
+      expect_exit(*ranks[r], c.fault == Fault::kStopSignal ? 143 : 138,
+                  "rank " + std::to_string(r));
+    }
+  }
+
   longhaul::testing::TestTempDir dir_{"dist_liveness"};
 };
 
@@ -193,18 +213,7 @@ TEST_P(DistLivenessTest, NoPeerStallsTheGroup) {
     }
     case Phase::kSync: {
       // The chief stops before it sends its state; the workers wait for it in the broadcast.
-      ranks[0] = start_rank(0, "c.yaml", stop_at);
-      for (int r = 1; r < kWorld; ++r) ranks[r] = start_rank(r, "c.yaml");
-      ASSERT_TRUE(stderr_has(*ranks[0], "LONGHAUL_TEST_STOP_AT: stopped at sync", kDeadline))
-          << ranks[0]->err();
-      if (c.fault == Fault::kKilled) ranks[0]->signal(SIGKILL);
-      if (c.fault == Fault::kStopSignal) {
-        for (int r = 1; r < kWorld; ++r) ranks[r]->signal(SIGTERM);
-      }
-      for (int r = 1; r < kWorld; ++r) {
-        expect_exit(*ranks[r], c.fault == Fault::kStopSignal ? 143 : 138,
-                    "rank " + std::to_string(r));
-      }
+      ASSERT_NO_FATAL_FAILURE(run_with_the_chief_stopped(c, ranks));
       if (c.fault == Fault::kFrozen) {
         EXPECT_THAT(ranks[1]->err() + ranks[2]->err(), HasSubstr("did not refresh its heartbeat"));
       }
@@ -251,18 +260,7 @@ TEST_P(DistLivenessTest, NoPeerStallsTheGroup) {
     case Phase::kFinish: {
       // The chief committed its final checkpoint and stops before the end-of-run meeting; the
       // workers wait for it there.
-      ranks[0] = start_rank(0, "c.yaml", stop_at);
-      for (int r = 1; r < kWorld; ++r) ranks[r] = start_rank(r, "c.yaml");
-      ASSERT_TRUE(stderr_has(*ranks[0], "LONGHAUL_TEST_STOP_AT: stopped at finish", kDeadline))
-          << ranks[0]->err();
-      if (c.fault == Fault::kKilled) ranks[0]->signal(SIGKILL);
-      if (c.fault == Fault::kStopSignal) {
-        for (int r = 1; r < kWorld; ++r) ranks[r]->signal(SIGTERM);
-      }
-      for (int r = 1; r < kWorld; ++r) {
-        expect_exit(*ranks[r], c.fault == Fault::kStopSignal ? 143 : 138,
-                    "rank " + std::to_string(r));
-      }
+      ASSERT_NO_FATAL_FAILURE(run_with_the_chief_stopped(c, ranks));
       EXPECT_TRUE(fs::exists(dir_ / "run" / "training.done"));
       ranks[0]->signal(SIGKILL);
       ranks[0]->signal(SIGCONT);

@@ -65,6 +65,34 @@ inline int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+// The whole raw reply (status line, headers, body) to GET http://127.0.0.1:<port><target>
+// (HTTP/1.1, Connection: close), read until the server closes; "" when nothing listens. The
+// connect, the send and each read give up after `timeout` (Prometheus abandons a scrape after
+// 10 s), so a server that stalls yields what it sent until then.
+inline std::string http_get_raw(int port, std::string_view target, std::chrono::seconds timeout) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  timeval tv{static_cast<time_t>(timeout.count()), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  // bounds connect() too
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string request =
+        "GET " + std::string(target) + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    [[maybe_unused]] const ssize_t sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    char buf[16384];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+      reply.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return reply;
+}
+
 struct HttpResponse {
   int status = 0;  // 0: nothing listening, or no HTTP reply
   std::string body;
@@ -73,27 +101,7 @@ struct HttpResponse {
 // GET http://127.0.0.1:<port><path> (HTTP/1.1, Connection: close); gives up on a connect or a
 // reply that stalls for 5 s (half of Prometheus's scrape timeout).
 inline HttpResponse http_get(int port, std::string_view path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);  // bounds connect() too
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return {};
-  }
-  const std::string request =
-      "GET " + std::string(path) + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  [[maybe_unused]] const ssize_t sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string reply;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
-    reply.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
+  const std::string reply = http_get_raw(port, path, std::chrono::seconds(5));
   // "HTTP/1.1 200 OK\r\n...\r\n\r\n<body>"
   if (reply.size() < 12 || reply.compare(0, 5, "HTTP/") != 0) return {};
   const size_t header_end = reply.find("\r\n\r\n");
