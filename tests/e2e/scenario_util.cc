@@ -66,7 +66,15 @@ json tiny_job(bool with_worker) {
 
 void set_grace_period_5s(json& job) {
   for (const char* type : {"Chief", "Worker"}) {
-    job["spec"]["replicaSpecs"][type]["template"]["spec"]["terminationGracePeriodSeconds"] = 5;
+    json& spec = job["spec"]["replicaSpecs"][type]["template"]["spec"];
+    spec["terminationGracePeriodSeconds"] = 5;
+    // The worker's own grace stays inside the pod's, or the operator refuses the job
+    // (InvalidSpec naming both fields).
+    for (json& a : spec["containers"][0]["args"]) {
+      if (a.is_string() && a.get<std::string>().starts_with("--set=grace_period_secs=")) {
+        a = "--set=grace_period_secs=4";
+      }
+    }
   }
 }
 

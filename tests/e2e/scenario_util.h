@@ -30,7 +30,7 @@ std::string tail(const fs::path& path, size_t bytes);
 // `with_worker`, with nodeLostTimeoutSeconds 1 so a lost node costs seconds, not minutes.
 json tiny_job(bool with_worker);
 // Both templates' pods get a 5 s grace period (a lost pod is deleted with it, then force-deleted
-// nodeLostTimeoutSeconds later).
+// nodeLostTimeoutSeconds later), and their workers a grace_period_secs of 4 to fit inside it.
 void set_grace_period_5s(json& job);
 // Drops --set=supervisor.on_peer_loss=exit from both templates: workers regroup in place when a
 // peer is lost (the worker's default).
