@@ -30,10 +30,12 @@ from user_path_test import node, operator  # noqa: E402,F401  (fixtures)
 
 up.WORKDIR = up.BINARY_DIR / "node_recreate_test"
 NS, JOB = "ml-recreate", "regroup"
-STEPS = 400
+STEPS = 1000
 SETTLE_SECONDS = 10.0
-# (step, pod): each evicted through the Eviction API once the job trains past the step.
-EVICTIONS = [(60, "worker-0"), (160, "chief-0"), (260, "worker-0")]
+# (step, pod): each evicted through the Eviction API once the job trains past the step. The gaps
+# outlast a progress read (5 s) at the worker's pace (about 15 steps/s here): with 400 steps and
+# evictions at 60/160/260 the job finished before the last one.
+EVICTIONS = [(150, "worker-0"), (450, "chief-0"), (750, "worker-0")]
 
 
 def group_job() -> dict:

@@ -264,7 +264,10 @@ def test_tiny_example_trains_to_success_with_step_and_last_ckpt_visible(node, op
 
 # ------------------------------------------------------------------------------ faults
 
-FAULT_STEPS = 400
+# Long enough that each fault's window (FAULT_STEPS / 5 steps) outlasts a progress read (5 s)
+# and a replacement's start at the worker's pace (about 15 steps/s on 2 loaded cores): at 400
+# steps the job outran the last fault.
+FAULT_STEPS = 1000
 
 
 def fault_job(name: str) -> dict:
@@ -275,7 +278,7 @@ def fault_job(name: str) -> dict:
             "--set=training.total_batch_tokens=768", f"--set=training.max_steps={FAULT_STEPS}",
             "--set=checkpoint.save_model_steps=50", "--set=checkpoint.save_model_secs=0",
             "--set=log.every_steps=10", "--set=summaries.every_steps=50", "--set=eval.every_steps=0",
-            "--set=supervisor.recovery_wait_secs=1", "--metrics-port=9400"]
+            "--metrics-port=9400"]
     template = {"spec": {"terminationGracePeriodSeconds": 30, "containers": [{
         "name": "worker", "image": WORKER_IMAGE, "args": args,
         "ports": [{"name": "metrics", "containerPort": 9400}]}]}}
@@ -339,9 +342,14 @@ def run_fault_job(node: nh.Node, name: str, faults) -> pathlib.Path:
     try:
         for i, fault in enumerate(faults, start=1):
             target = FAULT_STEPS * i // (len(faults) + 1)
+            def ready_for_fault() -> bool:
+                st = status()
+                assert st.get("phase") not in ("Failed", "Succeeded"), \
+                    f"{name} ended before fault {i} (at step {target}) could be made: {st}"
+                return (step() >= target and st.get("phase") == "Running"
+                        and st.get("ready") == "3/3")
             nh.eventually(f"step {target} with every replica running before fault {i}",
-                          lambda: step() >= target and status().get("phase") == "Running"
-                          and status().get("ready") == "3/3", TRAIN_DEADLINE, 0.5)
+                          ready_for_fault, TRAIN_DEADLINE, 0.5)
             pods = {p["metadata"]["name"]: p for p in get_json(
                 node, "pods", "-n", ns, "-l", f"longhaul.dev/job-name={name}")["items"]
                 if not p["metadata"].get("deletionTimestamp")}
