@@ -18,9 +18,10 @@
 // data position and every other metadata entry a checkpoint holds) and every other rank
 // restores it from memory, so all ranks continue bit-identically whatever each found in the
 // logdir. The tensors travel packed into chunks of up to 64 MiB (one collective per chunk, not
-// one per tensor; a larger tensor travels alone). Rank 0 first sends its tensor list; when a rank's model has another shape, every rank
-// throws InvalidArgument (the odd rank names the first differing tensor, the others name the odd
-// rank): a config mismatch between replicas, which no restart fixes.
+// one per tensor; a larger tensor travels alone). Rank 0 first sends its tensor list; when a rank's
+// model has another shape, every rank throws InvalidArgument (the odd rank names the first
+// differing tensor, the others name the odd rank): a config mismatch between replicas, which no
+// restart fixes.
 //
 // Gradient averaging: the sum over ranks of the model's flat gradient buffer, then a scale by
 // 1/world_size.
