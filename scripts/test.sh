@@ -3,7 +3,7 @@
 # a Python virtual environment with the tools users read the logdir with), builds everything with
 # warnings as errors, and runs every test suite.
 #
-#   scripts/test.sh                 all suites (about 20-30 minutes on 2 cores)
+#   scripts/test.sh                 all suites (about 25-35 minutes on 2 cores, the real node included)
 #   scripts/test.sh -LE slow        only the fast suites (about a minute)
 #   scripts/test.sh -R Checkpoint   any ctest filter
 set -euo pipefail
