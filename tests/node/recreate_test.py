@@ -125,7 +125,9 @@ def test_evicted_pods_group_recreation_shows_no_old_state_and_no_restarting_whil
         for target, victim in EVICTIONS:
             def training() -> bool:
                 status = job().get("status") or {}
-                assert status.get("phase") not in ("Failed", "Succeeded"), status
+                assert status.get("phase") not in ("Failed", "Succeeded"), (
+                    f"the job ended before step {target}; recoveries seen {recoveries}; "
+                    f"violations: {violations[:20]}; status {status}")
                 return (int((status.get("progress") or {}).get("step", 0)) >= target
                         and status.get("phase") == "Running"
                         and len([p for p in pods() if running(p)]) == 2)
