@@ -191,7 +191,8 @@ void check_cpu_path(Findings& f, const model::GPT2Config& shape) {
   f.text << "CPU\n"
          << "  processor          " << p.model_name << "\n"
          << "  threads            " << p.threads
-         << " (LONGHAUL_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process may use)\n"
+         << " (LONGHAUL_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process may use, "
+            "capped by its cgroup CPU limit)\n"
          << "  BLAS               " << p.blas << "\n"
          << "  vector ISA         " << p.isa << " (" << p.fp32_flops_per_cycle
          << " fp32 FLOP/cycle/core)\n"

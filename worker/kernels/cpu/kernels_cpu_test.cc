@@ -8,6 +8,8 @@
 // truncation error is O(eps^2). Tolerance: |numeric - analytic| <= 2e-3 + 2e-2 |numeric|.
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -376,6 +378,76 @@ TEST(GlobalNorm, SumOfSquaresMatchesDoubleReferenceForAnyThreadCount) {
   EXPECT_NEAR(one, ref, 1e-9 * ref);
   EXPECT_EQ(one, four);
   EXPECT_EQ(sum_of_squares(x.data(), 0), 0.0);
+}
+
+// A fake cgroup filesystem under a temporary root: the files a kernel would show.
+class CgroupTree {
+ public:
+  CgroupTree()
+      : root_(std::filesystem::temp_directory_path() /
+              ("longhaul-cgroup-" +
+               std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+    std::filesystem::remove_all(root_);
+  }
+  ~CgroupTree() { std::filesystem::remove_all(root_); }
+  void write(const std::string& relative, const std::string& text) {
+    const auto path = root_ / relative;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << text << "\n";
+  }
+  const std::filesystem::path& root() const { return root_; }
+
+ private:
+  std::filesystem::path root_;
+};
+
+TEST(CgroupCpuLimit, ReadsCgroupV2CpuMaxRoundedUpToWholeCpus) {
+  CgroupTree t;
+  t.write("kubepods/pod1/ctr/cpu.max", "250000 100000");  // limits.cpu: 2500m
+  EXPECT_EQ(cgroup_cpu_limit("0::/kubepods/pod1/ctr\n", t.root()), 3);
+  t.write("kubepods/pod1/ctr/cpu.max", "25000 100000");  // 250m still gets one thread
+  EXPECT_EQ(cgroup_cpu_limit("0::/kubepods/pod1/ctr\n", t.root()), 1);
+  t.write("kubepods/pod1/ctr/cpu.max", "max 100000");
+  EXPECT_EQ(cgroup_cpu_limit("0::/kubepods/pod1/ctr\n", t.root()), 0);
+}
+
+TEST(CgroupCpuLimit, AParentsLimitBindsItsChildren) {
+  CgroupTree t;
+  t.write("kubepods/pod1/cpu.max", "200000 100000");
+  t.write("kubepods/pod1/ctr/cpu.max", "max 100000");
+  EXPECT_EQ(cgroup_cpu_limit("0::/kubepods/pod1/ctr", t.root()), 2);
+  t.write("kubepods/pod1/ctr/cpu.max", "100000 100000");
+  EXPECT_EQ(cgroup_cpu_limit("0::/kubepods/pod1/ctr", t.root()), 1);
+}
+
+TEST(CgroupCpuLimit, ReadsCgroupV1QuotaInAHybridHierarchy) {
+  CgroupTree t;
+  const std::string membership =
+      "12:pids:/kubepods/pod1/ctr\n4:cpu,cpuacct:/kubepods/pod1/ctr\n0::/kubepods/pod1/ctr\n";
+  t.write("cpu,cpuacct/kubepods/pod1/ctr/cpu.cfs_quota_us", "150000");
+  t.write("cpu,cpuacct/kubepods/pod1/ctr/cpu.cfs_period_us", "100000");
+  EXPECT_EQ(cgroup_cpu_limit(membership, t.root()), 2);
+  t.write("cpu,cpuacct/kubepods/pod1/ctr/cpu.cfs_quota_us", "-1");
+  EXPECT_EQ(cgroup_cpu_limit(membership, t.root()), 0);
+}
+
+TEST(CgroupCpuLimit, InsideAContainerTheMountShowsOnlyItsOwnCgroup) {
+  // runc bind-mounts the container's own cgroup at the mount point while /proc/self/cgroup
+  // still lists the host's path: the walk up finds the limit at the mount's root.
+  CgroupTree t;
+  t.write("cpu/cpu.cfs_quota_us", "50000");
+  t.write("cpu/cpu.cfs_period_us", "100000");
+  EXPECT_EQ(cgroup_cpu_limit("3:cpu:/kubepods/burstable/pod1/ctr\n", t.root()), 1);
+}
+
+TEST(CgroupCpuLimit, NoLimitWhenNothingCanBeRead) {
+  CgroupTree t;
+  EXPECT_EQ(cgroup_cpu_limit("0::/\n", t.root()), 0);
+  EXPECT_EQ(cgroup_cpu_limit("", t.root()), 0);
+  EXPECT_EQ(cgroup_cpu_limit("garbage without colons", t.root()), 0);
+  t.write("cpu.max", "nonsense");
+  EXPECT_EQ(cgroup_cpu_limit("0::/", t.root()), 0);
 }
 
 }  // namespace

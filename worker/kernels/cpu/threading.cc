@@ -5,7 +5,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,8 +28,39 @@ inline void cpu_relax() {
 #endif
 }
 
+// The first line of a small file, or "" when it cannot be read.
+std::string read_line(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// quota/period as whole CPUs rounded up; 0 for "no limit" or anything unparsable.
+int whole_cpus(long long quota, long long period) {
+  if (quota <= 0 || period <= 0) return 0;
+  return static_cast<int>(std::max(1LL, (quota + period - 1) / period));
+}
+
+// One cgroup directory's own limit: cgroup v2 "cpu.max" ("max 100000" or "150000 100000"),
+// else v1 "cpu.cfs_quota_us" (-1: none) over "cpu.cfs_period_us".
+int directory_limit(const std::filesystem::path& dir) {
+  if (std::string max = read_line(dir / "cpu.max"); !max.empty()) {
+    std::istringstream in(max);
+    std::string quota;
+    long long period = 0;
+    in >> quota >> period;
+    return quota == "max" ? 0 : whole_cpus(std::atoll(quota.c_str()), period);
+  }
+  const std::string quota = read_line(dir / "cpu.cfs_quota_us");
+  if (quota.empty()) return 0;
+  return whole_cpus(std::atoll(quota.c_str()),
+                    std::atoll(read_line(dir / "cpu.cfs_period_us").c_str()));
+}
+
 // LONGHAUL_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process may run on (its
-// affinity mask, which container CPU sets narrow), else hardware_concurrency().
+// affinity mask, which container CPU sets narrow; else hardware_concurrency()) capped by its
+// cgroup's CPU limit (which a container's `limits.cpu` sets).
 int default_threads() {
   for (const char* name : {"LONGHAUL_NUM_THREADS", "OMP_NUM_THREADS"}) {
     if (const char* value = std::getenv(name); value != nullptr) {
@@ -33,13 +68,15 @@ int default_threads() {
       if (n > 0) return n;
     }
   }
+  int cpus = 0;
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+  if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
+  if (cpus <= 0) cpus = 1;
+  std::ostringstream membership;
+  membership << std::ifstream("/proc/self/cgroup").rdbuf();
+  const int limit = cgroup_cpu_limit(membership.str(), "/sys/fs/cgroup");
+  return limit > 0 ? std::min(cpus, limit) : cpus;
 }
 
 thread_local bool t_inside_team = false;
@@ -180,5 +217,42 @@ void parallel_for_impl(int64_t n, bool parallel, BlockFn fn, void* context) {
 void set_num_threads(int n) { team().resize(n <= 0 ? default_threads() : n); }
 
 int num_threads() { return team().size(); }
+
+int cgroup_cpu_limit(std::string_view proc_self_cgroup, const std::filesystem::path& root) {
+  int limit = 0;
+  auto consider = [&](const std::filesystem::path& mount, std::string_view cgroup_path) {
+    // From the process's own cgroup up to the mount's root. Inside a container the listed path
+    // may be the host's while the mount shows only the container's own cgroup: the walk then
+    // reaches that at the mount's root.
+    std::filesystem::path path = std::filesystem::path(cgroup_path).relative_path();
+    for (;;) {
+      const int here = directory_limit(mount / path);
+      if (here > 0) limit = limit == 0 ? here : std::min(limit, here);
+      if (path.empty()) break;
+      path = path.parent_path();
+    }
+  };
+  std::istringstream lines{std::string(proc_self_cgroup)};
+  for (std::string line; std::getline(lines, line);) {
+    // "hierarchy-id:controllers:path"; cgroup v2 is "0::path".
+    const size_t first = line.find(':');
+    const size_t second = first == std::string::npos ? first : line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string_view path = std::string_view(line).substr(second + 1);
+    if (controllers.empty()) {
+      consider(root, path);
+      consider(root / "unified", path);
+      continue;
+    }
+    std::istringstream names(controllers);
+    for (std::string name; std::getline(names, name, ',');) {
+      if (name != "cpu") continue;
+      consider(root / controllers, path);
+      if (controllers != "cpu") consider(root / "cpu", path);
+    }
+  }
+  return limit;
+}
 
 }  // namespace longhaul::kernels::cpu
