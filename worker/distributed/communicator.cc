@@ -215,28 +215,38 @@ class ConnectStore : public gloo::rendezvous::FileStore {
   std::function<bool()> cancelled_;
 };
 
-// bindable_address(host) when `host` resolves. Otherwise, when `host` is this pod's own DNS
-// name (its first label is this machine's hostname, as Kubernetes sets hostname + subdomain),
-// bindable_address(hostname): the pod's /etc/hosts maps its hostname to its IP, so replicas on a
-// cluster without DNS for pods (or before the name is published) still bind their pod IP. Peers
-// learn that address through the rendezvous store, never by name. Throws what
-// bindable_address(host) threw when neither works.
+// True for 127.0.0.0/8 and ::1 (Debian maps a machine's hostname to 127.0.1.1).
+bool is_loopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+// The address this replica binds for its TF_CONFIG `host`. When `host` is this pod's own DNS name
+// (its first label is this machine's hostname, as Kubernetes sets hostname + subdomain), the
+// hostname's address first: the pod's /etc/hosts maps it to the pod IP, the address the DNS name
+// stands for, with no DNS query. On a cluster without DNS for pods a query for the name took
+// 10 s to fail (two resolver timeouts) before every start and every restart. A loopback
+// hostname address (a VM's 127.0.1.1) is used only when the name does not resolve: peers on
+// other machines could not reach it. Otherwise bindable_address(host). Peers learn the address
+// through the rendezvous store, never by name. Throws what bindable_address(host) threw when
+// neither works.
 std::string own_address(const std::string& host, int rank) {
+  const std::string me = host_name();
+  const auto dot = host.find('.');
+  std::optional<std::string> by_hostname;
+  if (dot != std::string::npos && host.compare(0, dot, me) == 0) {
+    try {
+      by_hostname = bindable_address(me, rank);
+    } catch (const Error&) {
+    }
+    if (by_hostname && !is_loopback(*by_hostname)) return *by_hostname;
+  }
   try {
     return bindable_address(host, rank);
   } catch (const Unavailable&) {
-    const std::string me = host_name();
-    const auto dot = host.find('.');
-    if (dot == std::string::npos || host.compare(0, dot, me) != 0) throw;
-    std::optional<std::string> fallback;
-    try {
-      fallback = bindable_address(me, rank);
-    } catch (const Error&) {
-    }
-    if (!fallback) throw;  // the original error, naming `host`
+    if (!by_hostname) throw;  // the original error, naming `host`
     LH_LOG(INFO) << "this replica's DNS name does not resolve; binding its hostname's address"
-                 << kv("host", host) << kv("hostname", me) << kv("address", *fallback);
-    return *fallback;
+                 << kv("host", host) << kv("hostname", me) << kv("address", *by_hostname);
+    return *by_hostname;
   }
 }
 
@@ -753,7 +763,8 @@ fs::path rendezvous_dir(const fs::path& logdir, const std::string& attempt) {
 void remove_rendezvous_dir(const fs::path& logdir, const std::string& attempt) {
   std::error_code ec;
   fs::remove_all(rendezvous_dir(logdir, attempt), ec);
-  if (ec) {
+  // ENOENT: another replica removed it (or part of it) at the same time, which is the goal.
+  if (ec && ec != std::errc::no_such_file_or_directory) {
     LH_LOG(WARNING) << "could not remove the rendezvous folder"
                     << kv("dir", rendezvous_dir(logdir, attempt).string())
                     << kv("error", ec.message());
