@@ -161,8 +161,19 @@ void Reconciler::Pass::annotate_counted_restarts() {
   }
 }
 
-// Step 11: plan the pods of the current incarnation that do not exist, once their name is free,
-// after the restart backoff and the create backoff.
+// When a pod may be created under `pod`, a name an earlier pod held
+// (ReconcilerOptions::name_release_delay); nullopt for a name no pod was seen holding.
+std::optional<api::Time> Reconciler::Pass::name_released_at(const std::string& pod) const {
+  MutexLock lock(r.create_mu_);
+  auto job = r.names_.find(key);
+  if (job == r.names_.end()) return std::nullopt;
+  auto it = job->second.find(pod);
+  if (it == job->second.end() || !it->second) return std::nullopt;
+  return *it->second + r.options_.name_release_delay;
+}
+
+// Step 11: plan the pods of the current incarnation that do not exist, once their name is free
+// (and released: name_released_at), after the restart backoff and the create backoff.
 void Reconciler::Pass::create_missing_pods() {
   const auto not_before = api::parse_time_or_null(st.next_restart_time);
   for (const Desired& d : desired) {
@@ -183,6 +194,10 @@ void Reconciler::Pass::create_missing_pods() {
     }
     if (create_hold) {
       requeue_in(until(now, create_failure->retry_at));
+      continue;
+    }
+    if (const auto released = name_released_at(d.pod); released && now < *released) {
+      requeue_in(until(now, *released));
       continue;
     }
     actions.push_back(

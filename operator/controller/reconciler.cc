@@ -184,6 +184,7 @@ ReconcileResult Reconciler::Pass::forget() {
   {
     MutexLock lock(r.create_mu_);
     r.create_failures_.erase(key);
+    r.names_.erase(key);
     for (const std::string& child : {service_name(name), name + "-logdir"}) {
       r.unlabelled_children_.erase(ns + "/" + child);
     }
@@ -221,6 +222,15 @@ void Reconciler::Pass::observe_pods() {
     if (auto it = r.create_failures_.find(key); it != r.create_failures_.end()) {
       create_failure = it->second;
     }
+    auto& names = r.names_[key];
+    for (auto& [pod, freed_at] : names) {
+      if (occupied.contains(pod)) {
+        freed_at.reset();
+      } else if (!freed_at) {
+        freed_at = now;
+      }
+    }
+    for (const std::string& pod : occupied) names.try_emplace(pod);
   }
   create_hold = create_failure && now < create_failure->retry_at;
 }

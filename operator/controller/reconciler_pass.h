@@ -170,12 +170,13 @@ struct Reconciler::Pass {
   Classification classify_pods();
   void count_container_restarts(const ContainerRestarts& restarts);
   void decide(const ClassifiedPods& pods, const ContainerRestarts& restarts);
-  void summarize_conditions();                              // job_status.cc
-  void delete_old_incarnations();                           // pod_writes.cc
-  void annotate_counted_restarts();                         // pod_writes.cc
-  void create_missing_pods();                               // pod_writes.cc
-  void update_created_condition(const Children& children);  // job_status.cc
-  void count_replicas();                                    // job_status.cc
+  void summarize_conditions();                                              // job_status.cc
+  void delete_old_incarnations();                                           // pod_writes.cc
+  void annotate_counted_restarts();                                         // pod_writes.cc
+  void create_missing_pods();                                               // pod_writes.cc
+  std::optional<api::Time> name_released_at(const std::string& pod) const;  // pod_writes.cc
+  void update_created_condition(const Children& children);                  // job_status.cc
+  void count_replicas();                                                    // job_status.cc
   void track_progress();
   void commit_status();
   WriteOutcome act();                                        // pod_writes.cc

@@ -376,6 +376,32 @@ TEST_F(ReconcilerTest, PodDeletedFromUnderUsIsAPreemption) {
   EXPECT_EQ(attempt("j-chief-0"), "1");
 }
 
+// Regression (#27, on a real kubelet 1.26.4): a pod re-created 20-40 ms after its same-name
+// predecessor was removed was given the predecessor's terminated container by the kubelet, and
+// kept it (every later update of the kubelet was refused). A freed name is reused only
+// name_release_delay after the operator saw it free; the pass asks to be run again then.
+TEST_F(ReconcilerTest, AFreedPodNameIsReusedOnlyAfterTheReleaseDelay) {
+  ReconcilerOptions o = base_options();
+  o.name_release_delay = ReconcilerOptions{}.name_release_delay;  // the default
+  ASSERT_GT(o.name_release_delay, std::chrono::milliseconds(0));
+  reconciler = std::make_unique<Reconciler>(client, nullptr, &events, o);
+  create_job(default_spec());
+  start_running();  // the first pods: their names were never taken, no wait
+  client.erase(res::kPods, "ns", "j-worker-0");
+  const auto first = reconcile();
+  EXPECT_FALSE(client.has(res::kPods, "ns", "j-worker-0"));
+  ASSERT_TRUE(first.requeue_after);
+  EXPECT_GT(*first.requeue_after, std::chrono::milliseconds(0));
+  EXPECT_LE(*first.requeue_after, o.name_release_delay);
+  now += o.name_release_delay - std::chrono::milliseconds(1);
+  settle();
+  EXPECT_FALSE(client.has(res::kPods, "ns", "j-worker-0")) << "re-created before the delay";
+  now += std::chrono::milliseconds(1);
+  settle();
+  EXPECT_TRUE(client.has(res::kPods, "ns", "j-worker-0"));
+  EXPECT_EQ(status().preemption_count, 1);
+}
+
 TEST_F(ReconcilerTest, PodStuckTerminatingIsForceDeletedAfterTheTimeout) {
   json spec = default_spec();
   spec["runPolicy"]["nodeLostTimeoutSeconds"] = 30;

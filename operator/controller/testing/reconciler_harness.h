@@ -43,11 +43,13 @@ class ReconcilerHarness : public ::testing::Test {
  protected:
   using json = nlohmann::json;
 
-  // The clock is `now`; restart jitter is 0.
+  // The clock is `now`; restart jitter is 0; a freed pod name is reused at once (the tests of
+  // name_release_delay set it).
   ReconcilerOptions base_options() {
     ReconcilerOptions o;
     o.now = [this] { return now; };
     o.jitter01 = [] { return 0.0; };
+    o.name_release_delay = std::chrono::milliseconds(0);
     return o;
   }
 

@@ -97,6 +97,14 @@ struct ReconcilerOptions {
   // consecutive failure of a job waits min(max, base * 2^(n-1)) before the next try.
   std::chrono::milliseconds create_retry_base{1000};
   std::chrono::milliseconds create_retry_max{60000};
+  // A pod is re-created under the name of one that is gone no sooner than this after the
+  // operator saw the name free. A kubelet (seen on 1.26.4) may still sync the deleted pod's
+  // last status for a moment after removing it, by name: a successor created 20-40 ms after
+  // the removal was given its predecessor's terminated container (exit 143), and every later
+  // status update of the kubelet was then refused ("may not be transitioned to non-terminated
+  // state"): the pod showed Error while it trained, the job Restarting. The kubelet drops a
+  // removed pod's status in its housekeeping, every 2 s.
+  std::chrono::milliseconds name_release_delay{3000};
   // How the chief's training progress is read (progress.h); the controller adds an on_update
   // that reconciles the job when a read brings new values.
   ProgressTrackerOptions progress;
@@ -139,6 +147,10 @@ class Reconciler {
   // "ns/name" of Services and claims whose create answered 409 although the cache has no such
   // object (one without the operator's label): they exist; not asked for again.
   std::set<std::string> unlabelled_children_ GUARDED_BY(create_mu_);
+  // Per job, per pod name seen taken: nullopt while a pod holds it, else when the operator
+  // first saw it free again (ReconcilerOptions::name_release_delay). In memory.
+  std::map<std::string, std::map<std::string, std::optional<api::Time>>> names_
+      GUARDED_BY(create_mu_);
   std::unique_ptr<ProgressTracker> progress_;  // last: its threads stop first
 };
 
