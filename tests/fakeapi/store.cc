@@ -202,8 +202,9 @@ void default_pod(json& pod) {
   pod["status"] = {{"phase", "Pending"}};
 }
 
-json pod_condition(const std::string& type, const std::string& reason, const std::string& message) {
-  json c = {{"type", type}, {"status", "True"}, {"lastTransitionTime", now_rfc3339()}};
+json pod_condition(const std::string& type, const std::string& reason, const std::string& message,
+                   const std::string& now) {
+  json c = {{"type", type}, {"status", "True"}, {"lastTransitionTime", now}};
   if (!reason.empty()) c["reason"] = reason;
   if (!message.empty()) c["message"] = message;
   return c;
@@ -376,10 +377,6 @@ json StatusError::to_status() const {
 
 std::string base64(const std::string& bytes) { return base64_encode(bytes); }
 
-std::string now_rfc3339(std::chrono::seconds offset) {
-  return format_rfc3339(std::chrono::system_clock::now() + offset);
-}
-
 json selector_view(const json& object) {
   json view = json::object();
   const json& meta = metadata_of(object);
@@ -540,6 +537,11 @@ json* Store::find_locked(const ResourceType& type, const std::string& ns, const 
 }
 
 uint64_t Store::next_resource_version_locked() { return ++resource_version_; }
+
+std::string Store::timestamp_locked(std::chrono::seconds offset) const {
+  const auto now = options_.clock ? options_.clock() : std::chrono::system_clock::now();
+  return format_rfc3339(now + offset);
+}
 
 std::string Store::new_uid_locked() {
   uint64_t a = random_(), b = random_();
@@ -747,7 +749,7 @@ void Store::set_server_fields_locked(const ResourceType& type, json& object) {
     meta.erase(k);
   }
   meta["uid"] = new_uid_locked();
-  meta["creationTimestamp"] = now_rfc3339();
+  meta["creationTimestamp"] = timestamp_locked();
   meta["generation"] = 1;
   if (type.status_subresource && type.custom) object.erase("status");
 }
@@ -757,7 +759,7 @@ void Store::apply_create_defaults_locked(const ResourceType& type, json& object)
     default_pod(object);
     if (!options_.default_node_name.empty() && string_field(object["spec"], "nodeName").empty()) {
       object["spec"]["nodeName"] = options_.default_node_name;
-      set_condition(object, pod_condition("PodScheduled", "", ""));
+      set_condition(object, pod_condition("PodScheduled", "", "", timestamp_locked()));
     }
   }
   if (type.group.empty() && type.plural == "persistentvolumeclaims") {
@@ -775,6 +777,33 @@ json Store::store_created_locked(const ResourceType& type, const Key& key, json 
   json& stored = objects_of(type)[key];
   stored = std::move(object);
   commit_locked(type, EventType::kAdded, stored, nullptr);
+  return stored;
+}
+
+json Store::put(const ResourceType& type, const std::string& ns, json object) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!object.is_object() || string_field(metadata_of(object), "name").empty()) {
+    throw StatusError(400, "BadRequest", "put: the object needs metadata.name");
+  }
+  json& meta = object["metadata"];
+  if (type.namespaced) meta["namespace"] = ns;
+  if (string_field(meta, "uid").empty()) meta["uid"] = new_uid_locked();
+  if (string_field(meta, "creationTimestamp").empty())
+    meta["creationTimestamp"] = timestamp_locked();
+  object["kind"] = type.kind;
+  object["apiVersion"] = type.api_version();
+  meta["resourceVersion"] = std::to_string(next_resource_version_locked());
+  const Key key(type.namespaced ? ns : "", string_field(meta, "name"));
+  auto& objects = objects_of(type);
+  auto it = objects.find(key);
+  const std::optional<json> previous =
+      it == objects.end() ? std::nullopt : std::optional<json>(it->second);
+  if (previous) by_uid_.erase(string_field(metadata_of(*previous), "uid"));
+  by_uid_[string_field(meta, "uid")] = {type.id(), key};
+  json& stored = objects[key];
+  stored = std::move(object);
+  commit_locked(type, previous ? EventType::kModified : EventType::kAdded, stored,
+                previous ? &*previous : nullptr);
   return stored;
 }
 
@@ -984,11 +1013,14 @@ json Store::remove_locked(const ResourceType& type, const std::string& ns, const
   Key key(type.namespaced ? ns : "", name);
   if (meta.contains("deletionTimestamp")) {
     // Already terminating: a shorter grace period (0 = the kubelet is done) moves it forward.
-    int64_t current = meta.value("deletionGracePeriodSeconds", int64_t{0});
-    if (!is_pods(type) || grace >= current) return existing;
+    // With no deletionGracePeriodSeconds recorded, any explicit grace period shortens it.
+    const bool shortens = meta.contains("deletionGracePeriodSeconds")
+                              ? grace < meta.value("deletionGracePeriodSeconds", int64_t{0})
+                              : options.grace_period_seconds.has_value();
+    if (!is_pods(type) || !shortens) return existing;
     json next = existing;
     next["metadata"]["deletionGracePeriodSeconds"] = grace;
-    next["metadata"]["deletionTimestamp"] = now_rfc3339(std::chrono::seconds(grace));
+    next["metadata"]["deletionTimestamp"] = timestamp_locked(std::chrono::seconds(grace));
     next["metadata"]["resourceVersion"] = std::to_string(next_resource_version_locked());
     if (deletion_complete(next)) return remove_now_locked(type, key, next, existing);
     json& stored = objects_of(type)[key];
@@ -1007,7 +1039,7 @@ json Store::remove_locked(const ResourceType& type, const std::string& ns, const
       if (!m.contains("finalizers")) m["finalizers"] = json::array();
       m["finalizers"].push_back("foregroundDeletion");
     }
-    m["deletionTimestamp"] = now_rfc3339(std::chrono::seconds(grace));
+    m["deletionTimestamp"] = timestamp_locked(std::chrono::seconds(grace));
     m["deletionGracePeriodSeconds"] = grace;
     m["resourceVersion"] = std::to_string(next_resource_version_locked());
     json& stored = objects_of(type)[key];
@@ -1134,7 +1166,7 @@ void Store::bind_pod(const std::string& ns, const std::string& name, const std::
   }
   json next = *pod;
   next["spec"]["nodeName"] = node;
-  set_condition(next, pod_condition("PodScheduled", "", ""));
+  set_condition(next, pod_condition("PodScheduled", "", "", timestamp_locked()));
   const json existing = *pod;
   if (spec_changed(pods, existing, next)) {
     next["metadata"]["generation"] = metadata_of(existing).value("generation", 0) + 1;
@@ -1153,8 +1185,8 @@ void Store::evict_pod(const std::string& ns, const std::string& name,
   if (pod == nullptr) throw not_found(pods, name);
   if (!metadata_of(*pod).contains("deletionTimestamp")) {
     json next = *pod;
-    set_condition(
-        next, pod_condition("DisruptionTarget", "EvictionByEvictionAPI", "Eviction API: evicting"));
+    set_condition(next, pod_condition("DisruptionTarget", "EvictionByEvictionAPI",
+                                      "Eviction API: evicting", timestamp_locked()));
     update_locked(pods, ns, name, *pod, next, true);
   }
   remove_locked(pods, ns, name, options);

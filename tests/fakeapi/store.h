@@ -107,6 +107,11 @@ class Store {
              const json& patch, PatchType patch_type, bool status_subresource);
   json remove(const ResourceType& type, const std::string& ns, const std::string& name,
               const DeleteOptions& options);
+  // Test control, what only a kubelet or etcd itself could write: stores `object` as it is
+  // (deletionTimestamp, status and all) under ns/metadata.name, replacing any object of that
+  // name with no resourceVersion check. Only the resourceVersion is assigned (and a uid and
+  // creationTimestamp when missing); watchers see ADDED or MODIFIED. Returns what is stored.
+  json put(const ResourceType& type, const std::string& ns, json object);
   // pods/binding: assigns spec.nodeName once.
   void bind_pod(const std::string& ns, const std::string& name, const std::string& node);
   // pods/eviction: DisruptionTarget condition, then a graceful delete.
@@ -167,6 +172,8 @@ class Store {
   void deliver_locked(Watcher& watcher, const Event& event) const;
   void bookmark_locked(Watcher& watcher, bool initial_events_end);
   uint64_t next_resource_version_locked();
+  // Options::clock (else the system clock) plus `offset`, as RFC 3339.
+  std::string timestamp_locked(std::chrono::seconds offset = std::chrono::seconds(0)) const;
   std::string generate_name_locked(const std::string& prefix);
   std::string new_uid_locked();
 
@@ -184,7 +191,6 @@ class Store {
 };
 
 std::string base64(const std::string& bytes);
-std::string now_rfc3339(std::chrono::seconds offset = std::chrono::seconds(0));
 // Copies of the fields selectors look at (metadata.name/namespace/labels, pod fields, ...).
 json selector_view(const json& object);
 
