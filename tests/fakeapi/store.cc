@@ -405,21 +405,21 @@ json selector_view(const json& object) {
 
 void ChangeNotifier::bump() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++sequence_;
   }
   cv_.notify_all();
 }
 
 uint64_t ChangeNotifier::sequence() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return sequence_;
 }
 
 void ChangeNotifier::wait_change(uint64_t seen,
                                  std::chrono::steady_clock::time_point deadline) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [&] { return sequence_ != seen; });
+  MutexLock lock(mu_);
+  cv_.wait_until(mu_, deadline, [&]() REQUIRES(mu_) { return sequence_ != seen; });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,7 +447,7 @@ bool Watcher::matches(const json& view) const {
 
 void Watcher::push(std::string line) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (overflow_) return;
     if (lines_.size() >= max_queue_) {
       overflow_ = true;
@@ -462,7 +462,7 @@ void Watcher::push(std::string line) {
 
 void Watcher::request_drop(DropMode mode) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     drop_ = mode;
   }
   uint64_t one = 1;
@@ -473,7 +473,7 @@ Watcher::Batch Watcher::take() {
   uint64_t counter;
   [[maybe_unused]] ssize_t n = ::read(wake_fd_, &counter, sizeof(counter));
   Batch batch;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   batch.lines.assign(std::make_move_iterator(lines_.begin()),
                      std::make_move_iterator(lines_.end()));
   lines_.clear();
@@ -490,12 +490,12 @@ Store::Store(const Options& options, ChangeNotifier& notifier)
 }
 
 void Store::register_type(const ResourceType& type) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   types_[type.id()] = type;
 }
 
 ResourceType Store::resolve(std::string_view name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = types_.find(std::string(name));
   if (it != types_.end()) return it->second;
   const ResourceType* found = nullptr;
@@ -512,7 +512,7 @@ ResourceType Store::resolve(std::string_view name) const {
 
 std::optional<ResourceType> Store::find(std::string_view group, std::string_view version,
                                         std::string_view plural) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [id, type] : types_) {
     if (type.group == group && type.version == version && type.plural == plural) return type;
   }
@@ -520,7 +520,7 @@ std::optional<ResourceType> Store::find(std::string_view group, std::string_view
 }
 
 std::vector<ResourceType> Store::types() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ResourceType> out;
   for (const auto& [id, type] : types_) out.push_back(type);
   return out;
@@ -561,7 +561,7 @@ std::string Store::generate_name_locked(const std::string& prefix) {
 }
 
 json Store::get(const ResourceType& type, const std::string& ns, const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto types_it = objects_.find(type.id());
   if (types_it != objects_.end()) {
     auto it = types_it->second.find(Key(type.namespaced ? ns : "", name));
@@ -574,7 +574,7 @@ ListResult Store::list(const ResourceType& type, const std::string& ns, const La
                        const FieldSelector& fields, size_t limit, const std::string& continue_token,
                        const std::string& resource_version,
                        const std::string& resource_version_match) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ListResult result;
   result.resource_version = resource_version_;
   Key start;
@@ -702,7 +702,7 @@ void Store::deliver_locked(Watcher& watcher, const Event& event) const {
 // built-in kinds, then the write itself (resourceVersion, ADDED event). Every check comes before
 // anything changes, so a refused create leaves the store as it was.
 json Store::create(const ResourceType& type, const std::string& ns, json object) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   check_create_body(type, object);
   json& meta = object["metadata"];
   if (!meta.is_object()) meta = json::object();
@@ -781,7 +781,7 @@ json Store::store_created_locked(const ResourceType& type, const Key& key, json 
 }
 
 json Store::put(const ResourceType& type, const std::string& ns, json object) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!object.is_object() || string_field(metadata_of(object), "name").empty()) {
     throw StatusError(400, "BadRequest", "put: the object needs metadata.name");
   }
@@ -809,7 +809,7 @@ json Store::put(const ResourceType& type, const std::string& ns, json object) {
 
 json Store::update(const ResourceType& type, const std::string& ns, const std::string& name,
                    json object, bool status_subresource) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!object.is_object()) {
     throw StatusError(400, "BadRequest", "the body of the request is not a JSON object");
   }
@@ -914,7 +914,7 @@ json Store::update_locked(const ResourceType& type, const std::string& ns, const
 
 json Store::patch(const ResourceType& type, const std::string& ns, const std::string& name,
                   const json& patch, PatchType patch_type, bool status_subresource) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   json* existing = find_locked(type, ns, name);
   if (existing == nullptr) throw not_found(type, name);
   json candidate = *existing;
@@ -964,7 +964,7 @@ json Store::patch(const ResourceType& type, const std::string& ns, const std::st
 
 json Store::remove(const ResourceType& type, const std::string& ns, const std::string& name,
                    const DeleteOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return remove_locked(type, ns, name, options);
 }
 
@@ -1156,7 +1156,7 @@ void Store::collect_garbage_locked(const json& removed) {
 }
 
 void Store::bind_pod(const std::string& ns, const std::string& name, const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ResourceType pods = types_.at("pods");
   json* pod = find_locked(pods, ns, name);
   if (pod == nullptr) throw not_found(pods, name);
@@ -1179,7 +1179,7 @@ void Store::bind_pod(const std::string& ns, const std::string& name, const std::
 
 void Store::evict_pod(const std::string& ns, const std::string& name,
                       const DeleteOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ResourceType pods = types_.at("pods");
   json* pod = find_locked(pods, ns, name);
   if (pod == nullptr) throw not_found(pods, name);
@@ -1193,12 +1193,12 @@ void Store::evict_pod(const std::string& ns, const std::string& name,
 }
 
 uint64_t Store::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return resource_version_;
 }
 
 void Store::expire_history() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // A version nothing has seen yet becomes the oldest one can watch from, so that a relist
   // (which returns it) can watch again.
   oldest_watchable_ = next_resource_version_locked();
@@ -1210,7 +1210,7 @@ std::shared_ptr<Watcher> Store::watch(const ResourceType& type, const std::strin
                                       LabelSelector labels, FieldSelector fields,
                                       const std::string& resource_version,
                                       bool send_initial_events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto watcher = std::make_shared<Watcher>(type, ns, std::move(labels), std::move(fields),
                                            options_.max_watch_queue);
   if (resource_version.empty() || resource_version == "0" || send_initial_events) {
@@ -1240,13 +1240,13 @@ std::shared_ptr<Watcher> Store::watch(const ResourceType& type, const std::strin
 }
 
 void Store::unwatch(const std::shared_ptr<Watcher>& watcher) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
   notifier_.bump();
 }
 
 void Store::bookmark(Watcher& watcher) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   bookmark_locked(watcher, false);
 }
 
@@ -1261,12 +1261,12 @@ void Store::bookmark_locked(Watcher& watcher, bool initial_events_end) {
 }
 
 void Store::drop_watches(DropMode mode) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& watcher : watchers_) watcher->request_drop(mode);
 }
 
 size_t Store::watch_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return watchers_.size();
 }
 
