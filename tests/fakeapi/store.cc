@@ -183,6 +183,8 @@ void default_pod(json& pod) {
   if (!spec.contains("terminationGracePeriodSeconds")) spec["terminationGracePeriodSeconds"] = 30;
   if (!spec.contains("dnsPolicy")) spec["dnsPolicy"] = "ClusterFirst";
   if (!spec.contains("schedulerName")) spec["schedulerName"] = "default-scheduler";
+  // The ServiceAccount admission plugin's default.
+  if (!spec.contains("serviceAccountName")) spec["serviceAccountName"] = "default";
   for (const char* list : {"initContainers", "containers"}) {
     if (!spec.contains(list) || !spec[list].is_array()) continue;
     for (json& c : spec[list]) {
