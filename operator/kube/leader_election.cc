@@ -1,34 +1,17 @@
 // Lease-based leader election (see leader_election.h).
 #include "longhaul/kube/leader_election.h"
 
-#include <ctime>
+#include <cstdio>
 #include <random>
 
 #include <unistd.h>
 
 #include "longhaul/base/log.h"
+#include "longhaul/base/rfc3339.h"
 
 namespace longhaul::kube {
 
 namespace {
-
-std::string format_utc(std::chrono::system_clock::time_point t, bool micros) {
-  const auto since_epoch = t.time_since_epoch();
-  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs);
-  std::time_t tt = static_cast<std::time_t>(secs.count());
-  std::tm tm{};
-  ::gmtime_r(&tt, &tm);
-  char buf[48];
-  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  std::string out(buf, n);
-  if (micros) {
-    char frac[16];
-    std::snprintf(frac, sizeof frac, ".%06lld", static_cast<long long>(us.count()));
-    out += frac;
-  }
-  return out + "Z";
-}
 
 int64_t whole_seconds(std::chrono::milliseconds d) {
   return std::max<int64_t>(1, (d.count() + 999) / 1000);
@@ -37,9 +20,9 @@ int64_t whole_seconds(std::chrono::milliseconds d) {
 }  // namespace
 
 std::string format_micro_time(std::chrono::system_clock::time_point t) {
-  return format_utc(t, true);
+  return format_rfc3339_micro(t);
 }
-std::string format_time(std::chrono::system_clock::time_point t) { return format_utc(t, false); }
+std::string format_time(std::chrono::system_clock::time_point t) { return format_rfc3339(t); }
 
 std::string default_identity() {
   char host[256] = {};

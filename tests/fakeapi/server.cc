@@ -15,6 +15,7 @@
 #include <longhaul/base/log.h>
 
 #include "longhaul/base/http_connection.h"
+#include "longhaul/base/mutex.h"
 #include "store.h"
 #include "tls.h"
 
@@ -143,19 +144,19 @@ struct FakeApiServer::Impl {
   std::mutex sleep_mu;
   std::condition_variable sleep_cv;
 
-  mutable std::mutex log_mu;  // guards log
+  mutable Mutex log_mu;
   // Held by an HTTP write from before it touches the store until its request is logged, and by
   // the in-process readers (get, try_get, list): a test that sees a write's effect also finds
   // the write in requests(). Without it a test could count the writes before the one it had
   // just seen was logged.
   mutable std::mutex commit_mu;
-  std::vector<RequestRecord> log;
+  std::vector<RequestRecord> log GUARDED_BY(log_mu);
 
-  mutable std::mutex fault_mu;  // guards the fields below
-  std::map<int, CompiledFault> faults;
-  int next_fault_id = 1;
-  std::mt19937_64 fault_random;
-  size_t injected = 0;
+  mutable Mutex fault_mu;
+  std::map<int, CompiledFault> faults GUARDED_BY(fault_mu);
+  int next_fault_id GUARDED_BY(fault_mu) = 1;
+  std::mt19937_64 fault_random GUARDED_BY(fault_mu);
+  size_t injected GUARDED_BY(fault_mu) = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -310,7 +311,7 @@ json FakeApiServer::Impl::discovery(const std::vector<std::string>& seg) const {
 
 void FakeApiServer::Impl::log_request(RequestRecord record) {
   {
-    std::lock_guard<std::mutex> lock(log_mu);
+    MutexLock lock(log_mu);
     if (log.size() >= std::max<size_t>(options.request_log_limit, 2)) {
       log.erase(log.begin(), log.begin() + static_cast<long>(log.size() / 2));
     }
@@ -341,7 +342,7 @@ bool FakeApiServer::Impl::sleep_interruptible(std::chrono::milliseconds delay) {
 
 std::optional<FaultRule> FakeApiServer::Impl::pick_fault(const std::string& verb,
                                                          const std::string& path) {
-  std::lock_guard<std::mutex> lock(fault_mu);
+  MutexLock lock(fault_mu);
   for (auto it = faults.begin(); it != faults.end(); ++it) {
     CompiledFault& fault = it->second;
     if (!fault.rule.verb.empty() && fault.rule.verb != verb) continue;
@@ -935,7 +936,7 @@ bool FakeApiServer::wait_for(const std::function<bool()>& predicate,
 }
 
 std::vector<RequestRecord> FakeApiServer::requests() const {
-  std::lock_guard<std::mutex> lock(impl_->log_mu);
+  MutexLock lock(impl_->log_mu);
   return impl_->log;
 }
 
@@ -949,7 +950,7 @@ size_t FakeApiServer::count_requests(const RequestMatch& match) const {
                             "' is not a valid ECMAScript regex: " + e.what());
     }
   }
-  std::lock_guard<std::mutex> lock(impl_->log_mu);
+  MutexLock lock(impl_->log_mu);
   size_t n = 0;
   for (const RequestRecord& r : impl_->log) {
     if (!match.method.empty() && r.method != match.method) continue;
@@ -973,12 +974,12 @@ size_t FakeApiServer::count_requests(const RequestMatch& match) const {
 size_t FakeApiServer::requests_in_flight() const { return impl_->in_flight.load(); }
 
 void FakeApiServer::clear_requests() {
-  std::lock_guard<std::mutex> lock(impl_->log_mu);
+  MutexLock lock(impl_->log_mu);
   impl_->log.clear();
 }
 
 std::vector<RequestRecord> FakeApiServer::take_requests() {
-  std::lock_guard<std::mutex> lock(impl_->log_mu);
+  MutexLock lock(impl_->log_mu);
   return std::exchange(impl_->log, {});
 }
 
@@ -990,29 +991,29 @@ int FakeApiServer::add_fault(const FaultRule& rule) {
     throw InvalidArgument("fake API server: fault path_regex '" + rule.path_regex +
                           "' is not a valid ECMAScript regex: " + e.what());
   }
-  std::lock_guard<std::mutex> lock(impl_->fault_mu);
+  MutexLock lock(impl_->fault_mu);
   int id = impl_->next_fault_id++;
   impl_->faults.emplace(id, std::move(fault));
   return id;
 }
 
 void FakeApiServer::remove_fault(int id) {
-  std::lock_guard<std::mutex> lock(impl_->fault_mu);
+  MutexLock lock(impl_->fault_mu);
   impl_->faults.erase(id);
 }
 
 void FakeApiServer::clear_faults() {
-  std::lock_guard<std::mutex> lock(impl_->fault_mu);
+  MutexLock lock(impl_->fault_mu);
   impl_->faults.clear();
 }
 
 void FakeApiServer::set_fault_seed(uint64_t seed) {
-  std::lock_guard<std::mutex> lock(impl_->fault_mu);
+  MutexLock lock(impl_->fault_mu);
   impl_->fault_random.seed(seed);
 }
 
 size_t FakeApiServer::injected_fault_count() const {
-  std::lock_guard<std::mutex> lock(impl_->fault_mu);
+  MutexLock lock(impl_->fault_mu);
   return impl_->injected;
 }
 

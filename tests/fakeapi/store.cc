@@ -183,6 +183,8 @@ void default_pod(json& pod) {
   if (!spec.contains("terminationGracePeriodSeconds")) spec["terminationGracePeriodSeconds"] = 30;
   if (!spec.contains("dnsPolicy")) spec["dnsPolicy"] = "ClusterFirst";
   if (!spec.contains("schedulerName")) spec["schedulerName"] = "default-scheduler";
+  // The ServiceAccount admission plugin's default.
+  if (!spec.contains("serviceAccountName")) spec["serviceAccountName"] = "default";
   for (const char* list : {"initContainers", "containers"}) {
     if (!spec.contains(list) || !spec[list].is_array()) continue;
     for (json& c : spec[list]) {
@@ -202,8 +204,9 @@ void default_pod(json& pod) {
   pod["status"] = {{"phase", "Pending"}};
 }
 
-json pod_condition(const std::string& type, const std::string& reason, const std::string& message) {
-  json c = {{"type", type}, {"status", "True"}, {"lastTransitionTime", now_rfc3339()}};
+json pod_condition(const std::string& type, const std::string& reason, const std::string& message,
+                   const std::string& now) {
+  json c = {{"type", type}, {"status", "True"}, {"lastTransitionTime", now}};
   if (!reason.empty()) c["reason"] = reason;
   if (!message.empty()) c["message"] = message;
   return c;
@@ -376,10 +379,6 @@ json StatusError::to_status() const {
 
 std::string base64(const std::string& bytes) { return base64_encode(bytes); }
 
-std::string now_rfc3339(std::chrono::seconds offset) {
-  return format_rfc3339(std::chrono::system_clock::now() + offset);
-}
-
 json selector_view(const json& object) {
   json view = json::object();
   const json& meta = metadata_of(object);
@@ -408,21 +407,21 @@ json selector_view(const json& object) {
 
 void ChangeNotifier::bump() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++sequence_;
   }
   cv_.notify_all();
 }
 
 uint64_t ChangeNotifier::sequence() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return sequence_;
 }
 
 void ChangeNotifier::wait_change(uint64_t seen,
                                  std::chrono::steady_clock::time_point deadline) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [&] { return sequence_ != seen; });
+  MutexLock lock(mu_);
+  cv_.wait_until(mu_, deadline, [&]() REQUIRES(mu_) { return sequence_ != seen; });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -450,7 +449,7 @@ bool Watcher::matches(const json& view) const {
 
 void Watcher::push(std::string line) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (overflow_) return;
     if (lines_.size() >= max_queue_) {
       overflow_ = true;
@@ -465,7 +464,7 @@ void Watcher::push(std::string line) {
 
 void Watcher::request_drop(DropMode mode) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     drop_ = mode;
   }
   uint64_t one = 1;
@@ -476,7 +475,7 @@ Watcher::Batch Watcher::take() {
   uint64_t counter;
   [[maybe_unused]] ssize_t n = ::read(wake_fd_, &counter, sizeof(counter));
   Batch batch;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   batch.lines.assign(std::make_move_iterator(lines_.begin()),
                      std::make_move_iterator(lines_.end()));
   lines_.clear();
@@ -493,12 +492,12 @@ Store::Store(const Options& options, ChangeNotifier& notifier)
 }
 
 void Store::register_type(const ResourceType& type) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   types_[type.id()] = type;
 }
 
 ResourceType Store::resolve(std::string_view name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = types_.find(std::string(name));
   if (it != types_.end()) return it->second;
   const ResourceType* found = nullptr;
@@ -515,7 +514,7 @@ ResourceType Store::resolve(std::string_view name) const {
 
 std::optional<ResourceType> Store::find(std::string_view group, std::string_view version,
                                         std::string_view plural) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [id, type] : types_) {
     if (type.group == group && type.version == version && type.plural == plural) return type;
   }
@@ -523,7 +522,7 @@ std::optional<ResourceType> Store::find(std::string_view group, std::string_view
 }
 
 std::vector<ResourceType> Store::types() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ResourceType> out;
   for (const auto& [id, type] : types_) out.push_back(type);
   return out;
@@ -540,6 +539,11 @@ json* Store::find_locked(const ResourceType& type, const std::string& ns, const 
 }
 
 uint64_t Store::next_resource_version_locked() { return ++resource_version_; }
+
+std::string Store::timestamp_locked(std::chrono::seconds offset) const {
+  const auto now = options_.clock ? options_.clock() : std::chrono::system_clock::now();
+  return format_rfc3339(now + offset);
+}
 
 std::string Store::new_uid_locked() {
   uint64_t a = random_(), b = random_();
@@ -559,7 +563,7 @@ std::string Store::generate_name_locked(const std::string& prefix) {
 }
 
 json Store::get(const ResourceType& type, const std::string& ns, const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto types_it = objects_.find(type.id());
   if (types_it != objects_.end()) {
     auto it = types_it->second.find(Key(type.namespaced ? ns : "", name));
@@ -572,7 +576,7 @@ ListResult Store::list(const ResourceType& type, const std::string& ns, const La
                        const FieldSelector& fields, size_t limit, const std::string& continue_token,
                        const std::string& resource_version,
                        const std::string& resource_version_match) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ListResult result;
   result.resource_version = resource_version_;
   Key start;
@@ -700,7 +704,7 @@ void Store::deliver_locked(Watcher& watcher, const Event& event) const {
 // built-in kinds, then the write itself (resourceVersion, ADDED event). Every check comes before
 // anything changes, so a refused create leaves the store as it was.
 json Store::create(const ResourceType& type, const std::string& ns, json object) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   check_create_body(type, object);
   json& meta = object["metadata"];
   if (!meta.is_object()) meta = json::object();
@@ -747,7 +751,7 @@ void Store::set_server_fields_locked(const ResourceType& type, json& object) {
     meta.erase(k);
   }
   meta["uid"] = new_uid_locked();
-  meta["creationTimestamp"] = now_rfc3339();
+  meta["creationTimestamp"] = timestamp_locked();
   meta["generation"] = 1;
   if (type.status_subresource && type.custom) object.erase("status");
 }
@@ -757,7 +761,7 @@ void Store::apply_create_defaults_locked(const ResourceType& type, json& object)
     default_pod(object);
     if (!options_.default_node_name.empty() && string_field(object["spec"], "nodeName").empty()) {
       object["spec"]["nodeName"] = options_.default_node_name;
-      set_condition(object, pod_condition("PodScheduled", "", ""));
+      set_condition(object, pod_condition("PodScheduled", "", "", timestamp_locked()));
     }
   }
   if (type.group.empty() && type.plural == "persistentvolumeclaims") {
@@ -778,9 +782,36 @@ json Store::store_created_locked(const ResourceType& type, const Key& key, json 
   return stored;
 }
 
+json Store::put(const ResourceType& type, const std::string& ns, json object) {
+  MutexLock lock(mu_);
+  if (!object.is_object() || string_field(metadata_of(object), "name").empty()) {
+    throw StatusError(400, "BadRequest", "put: the object needs metadata.name");
+  }
+  json& meta = object["metadata"];
+  if (type.namespaced) meta["namespace"] = ns;
+  if (string_field(meta, "uid").empty()) meta["uid"] = new_uid_locked();
+  if (string_field(meta, "creationTimestamp").empty())
+    meta["creationTimestamp"] = timestamp_locked();
+  object["kind"] = type.kind;
+  object["apiVersion"] = type.api_version();
+  meta["resourceVersion"] = std::to_string(next_resource_version_locked());
+  const Key key(type.namespaced ? ns : "", string_field(meta, "name"));
+  auto& objects = objects_of(type);
+  auto it = objects.find(key);
+  const std::optional<json> previous =
+      it == objects.end() ? std::nullopt : std::optional<json>(it->second);
+  if (previous) by_uid_.erase(string_field(metadata_of(*previous), "uid"));
+  by_uid_[string_field(meta, "uid")] = {type.id(), key};
+  json& stored = objects[key];
+  stored = std::move(object);
+  commit_locked(type, previous ? EventType::kModified : EventType::kAdded, stored,
+                previous ? &*previous : nullptr);
+  return stored;
+}
+
 json Store::update(const ResourceType& type, const std::string& ns, const std::string& name,
                    json object, bool status_subresource) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!object.is_object()) {
     throw StatusError(400, "BadRequest", "the body of the request is not a JSON object");
   }
@@ -885,7 +916,7 @@ json Store::update_locked(const ResourceType& type, const std::string& ns, const
 
 json Store::patch(const ResourceType& type, const std::string& ns, const std::string& name,
                   const json& patch, PatchType patch_type, bool status_subresource) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   json* existing = find_locked(type, ns, name);
   if (existing == nullptr) throw not_found(type, name);
   json candidate = *existing;
@@ -935,7 +966,7 @@ json Store::patch(const ResourceType& type, const std::string& ns, const std::st
 
 json Store::remove(const ResourceType& type, const std::string& ns, const std::string& name,
                    const DeleteOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return remove_locked(type, ns, name, options);
 }
 
@@ -984,11 +1015,14 @@ json Store::remove_locked(const ResourceType& type, const std::string& ns, const
   Key key(type.namespaced ? ns : "", name);
   if (meta.contains("deletionTimestamp")) {
     // Already terminating: a shorter grace period (0 = the kubelet is done) moves it forward.
-    int64_t current = meta.value("deletionGracePeriodSeconds", int64_t{0});
-    if (!is_pods(type) || grace >= current) return existing;
+    // With no deletionGracePeriodSeconds recorded, any explicit grace period shortens it.
+    const bool shortens = meta.contains("deletionGracePeriodSeconds")
+                              ? grace < meta.value("deletionGracePeriodSeconds", int64_t{0})
+                              : options.grace_period_seconds.has_value();
+    if (!is_pods(type) || !shortens) return existing;
     json next = existing;
     next["metadata"]["deletionGracePeriodSeconds"] = grace;
-    next["metadata"]["deletionTimestamp"] = now_rfc3339(std::chrono::seconds(grace));
+    next["metadata"]["deletionTimestamp"] = timestamp_locked(std::chrono::seconds(grace));
     next["metadata"]["resourceVersion"] = std::to_string(next_resource_version_locked());
     if (deletion_complete(next)) return remove_now_locked(type, key, next, existing);
     json& stored = objects_of(type)[key];
@@ -1007,7 +1041,7 @@ json Store::remove_locked(const ResourceType& type, const std::string& ns, const
       if (!m.contains("finalizers")) m["finalizers"] = json::array();
       m["finalizers"].push_back("foregroundDeletion");
     }
-    m["deletionTimestamp"] = now_rfc3339(std::chrono::seconds(grace));
+    m["deletionTimestamp"] = timestamp_locked(std::chrono::seconds(grace));
     m["deletionGracePeriodSeconds"] = grace;
     m["resourceVersion"] = std::to_string(next_resource_version_locked());
     json& stored = objects_of(type)[key];
@@ -1124,7 +1158,7 @@ void Store::collect_garbage_locked(const json& removed) {
 }
 
 void Store::bind_pod(const std::string& ns, const std::string& name, const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ResourceType pods = types_.at("pods");
   json* pod = find_locked(pods, ns, name);
   if (pod == nullptr) throw not_found(pods, name);
@@ -1134,7 +1168,7 @@ void Store::bind_pod(const std::string& ns, const std::string& name, const std::
   }
   json next = *pod;
   next["spec"]["nodeName"] = node;
-  set_condition(next, pod_condition("PodScheduled", "", ""));
+  set_condition(next, pod_condition("PodScheduled", "", "", timestamp_locked()));
   const json existing = *pod;
   if (spec_changed(pods, existing, next)) {
     next["metadata"]["generation"] = metadata_of(existing).value("generation", 0) + 1;
@@ -1147,26 +1181,26 @@ void Store::bind_pod(const std::string& ns, const std::string& name, const std::
 
 void Store::evict_pod(const std::string& ns, const std::string& name,
                       const DeleteOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ResourceType pods = types_.at("pods");
   json* pod = find_locked(pods, ns, name);
   if (pod == nullptr) throw not_found(pods, name);
   if (!metadata_of(*pod).contains("deletionTimestamp")) {
     json next = *pod;
-    set_condition(
-        next, pod_condition("DisruptionTarget", "EvictionByEvictionAPI", "Eviction API: evicting"));
+    set_condition(next, pod_condition("DisruptionTarget", "EvictionByEvictionAPI",
+                                      "Eviction API: evicting", timestamp_locked()));
     update_locked(pods, ns, name, *pod, next, true);
   }
   remove_locked(pods, ns, name, options);
 }
 
 uint64_t Store::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return resource_version_;
 }
 
 void Store::expire_history() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // A version nothing has seen yet becomes the oldest one can watch from, so that a relist
   // (which returns it) can watch again.
   oldest_watchable_ = next_resource_version_locked();
@@ -1178,7 +1212,7 @@ std::shared_ptr<Watcher> Store::watch(const ResourceType& type, const std::strin
                                       LabelSelector labels, FieldSelector fields,
                                       const std::string& resource_version,
                                       bool send_initial_events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto watcher = std::make_shared<Watcher>(type, ns, std::move(labels), std::move(fields),
                                            options_.max_watch_queue);
   if (resource_version.empty() || resource_version == "0" || send_initial_events) {
@@ -1208,13 +1242,13 @@ std::shared_ptr<Watcher> Store::watch(const ResourceType& type, const std::strin
 }
 
 void Store::unwatch(const std::shared_ptr<Watcher>& watcher) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
   notifier_.bump();
 }
 
 void Store::bookmark(Watcher& watcher) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   bookmark_locked(watcher, false);
 }
 
@@ -1229,12 +1263,12 @@ void Store::bookmark_locked(Watcher& watcher, bool initial_events_end) {
 }
 
 void Store::drop_watches(DropMode mode) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& watcher : watchers_) watcher->request_drop(mode);
 }
 
 size_t Store::watch_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return watchers_.size();
 }
 

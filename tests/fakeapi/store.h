@@ -22,6 +22,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
+#include "longhaul/base/thread_annotations.h"
 #include "longhaul/fakeapi/server.h"
 #include "selector.h"
 
@@ -36,9 +38,9 @@ class ChangeNotifier {
   void wait_change(uint64_t seen, std::chrono::steady_clock::time_point deadline) const;
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  uint64_t sequence_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  uint64_t sequence_ GUARDED_BY(mu_) = 0;
 };
 
 // One open watch: the store appends serialized event lines; the streaming thread drains them.
@@ -72,10 +74,10 @@ class Watcher {
   const FieldSelector fields_;
   const size_t max_queue_;
   int wake_fd_;
-  std::mutex mu_;  // guards the fields below
-  std::deque<std::string> lines_;
-  std::optional<DropMode> drop_;
-  bool overflow_ = false;
+  Mutex mu_;
+  std::deque<std::string> lines_ GUARDED_BY(mu_);
+  std::optional<DropMode> drop_ GUARDED_BY(mu_);
+  bool overflow_ GUARDED_BY(mu_) = false;
 };
 
 struct ListResult {
@@ -107,6 +109,11 @@ class Store {
              const json& patch, PatchType patch_type, bool status_subresource);
   json remove(const ResourceType& type, const std::string& ns, const std::string& name,
               const DeleteOptions& options);
+  // Test control, what only a kubelet or etcd itself could write: stores `object` as it is
+  // (deletionTimestamp, status and all) under ns/metadata.name, replacing any object of that
+  // name with no resourceVersion check. Only the resourceVersion is assigned (and a uid and
+  // creationTimestamp when missing); watchers see ADDED or MODIFIED. Returns what is stored.
+  json put(const ResourceType& type, const std::string& ns, json object);
   // pods/binding: assigns spec.nodeName once.
   void bind_pod(const std::string& ns, const std::string& name, const std::string& node);
   // pods/eviction: DisruptionTarget condition, then a graceful delete.
@@ -142,49 +149,56 @@ class Store {
     std::shared_ptr<const std::string> serialized;
   };
 
-  const ResourceType& type_locked(const ResourceType& type) const;
-  std::map<Key, json>& objects_of(const ResourceType& type);
-  json* find_locked(const ResourceType& type, const std::string& ns, const std::string& name);
+  const ResourceType& type_locked(const ResourceType& type) const REQUIRES(mu_);
+  std::map<Key, json>& objects_of(const ResourceType& type) REQUIRES(mu_);
+  json* find_locked(const ResourceType& type, const std::string& ns, const std::string& name)
+      REQUIRES(mu_);
   // The steps of create(): the name (generateName, validity, 409 AlreadyExists); the fields the
   // server owns (kind, apiVersion, uid, creationTimestamp, generation); the defaults of pods,
   // claims and services; the write with its resourceVersion and ADDED event.
-  Key claim_name_locked(const ResourceType& type, const std::string& key_ns, json& meta);
-  void set_server_fields_locked(const ResourceType& type, json& object);
-  void apply_create_defaults_locked(const ResourceType& type, json& object);
-  json store_created_locked(const ResourceType& type, const Key& key, json object);
+  Key claim_name_locked(const ResourceType& type, const std::string& key_ns, json& meta)
+      REQUIRES(mu_);
+  void set_server_fields_locked(const ResourceType& type, json& object) REQUIRES(mu_);
+  void apply_create_defaults_locked(const ResourceType& type, json& object) REQUIRES(mu_);
+  json store_created_locked(const ResourceType& type, const Key& key, json object) REQUIRES(mu_);
   json update_locked(const ResourceType& type, const std::string& ns, const std::string& name,
-                     const json& existing, json candidate, bool status_only);
+                     const json& existing, json candidate, bool status_only) REQUIRES(mu_);
   json remove_locked(const ResourceType& type, const std::string& ns, const std::string& name,
-                     const DeleteOptions& options);
+                     const DeleteOptions& options) REQUIRES(mu_);
   json remove_now_locked(const ResourceType& type, const Key& key, json object,
-                         const json& previous);
-  void collect_garbage_locked(const json& removed);
-  void orphan_dependents_locked(const std::string& owner_uid);
-  void strip_owner_locked(const ResourceType& type, const Key& key, const std::string& owner_uid);
-  std::vector<std::tuple<ResourceType, Key>> dependents_locked(const std::string& owner_uid);
+                         const json& previous) REQUIRES(mu_);
+  void collect_garbage_locked(const json& removed) REQUIRES(mu_);
+  void orphan_dependents_locked(const std::string& owner_uid) REQUIRES(mu_);
+  void strip_owner_locked(const ResourceType& type, const Key& key, const std::string& owner_uid)
+      REQUIRES(mu_);
+  std::vector<std::tuple<ResourceType, Key>> dependents_locked(const std::string& owner_uid)
+      REQUIRES(mu_);
   void commit_locked(const ResourceType& type, EventType event_type, const json& object,
-                     const json* previous);
-  void deliver_locked(Watcher& watcher, const Event& event) const;
-  void bookmark_locked(Watcher& watcher, bool initial_events_end);
-  uint64_t next_resource_version_locked();
-  std::string generate_name_locked(const std::string& prefix);
-  std::string new_uid_locked();
+                     const json* previous) REQUIRES(mu_);
+  void deliver_locked(Watcher& watcher, const Event& event) const REQUIRES(mu_);
+  void bookmark_locked(Watcher& watcher, bool initial_events_end) REQUIRES(mu_);
+  uint64_t next_resource_version_locked() REQUIRES(mu_);
+  // Options::clock (else the system clock) plus `offset`, as RFC 3339.
+  std::string timestamp_locked(std::chrono::seconds offset = std::chrono::seconds(0)) const
+      REQUIRES(mu_);
+  std::string generate_name_locked(const std::string& prefix) REQUIRES(mu_);
+  std::string new_uid_locked() REQUIRES(mu_);
 
   const Options options_;
   ChangeNotifier& notifier_;
-  mutable std::mutex mu_;                                                // guards every field below
-  std::map<std::string, ResourceType> types_;                            // type id -> type
-  std::map<std::string, std::map<Key, json>> objects_;                   // type id -> objects
-  std::unordered_map<std::string, std::pair<std::string, Key>> by_uid_;  // uid -> (type id, key)
-  uint64_t resource_version_ = 0;
-  uint64_t oldest_watchable_ = 0;  // a watch from a version below this gets 410
-  std::deque<Event> history_;
-  std::vector<std::shared_ptr<Watcher>> watchers_;
-  std::mt19937_64 random_;
+  mutable Mutex mu_;
+  std::map<std::string, ResourceType> types_ GUARDED_BY(mu_);           // type id -> type
+  std::map<std::string, std::map<Key, json>> objects_ GUARDED_BY(mu_);  // type id -> objects
+  // uid -> (type id, key)
+  std::unordered_map<std::string, std::pair<std::string, Key>> by_uid_ GUARDED_BY(mu_);
+  uint64_t resource_version_ GUARDED_BY(mu_) = 0;
+  uint64_t oldest_watchable_ GUARDED_BY(mu_) = 0;  // a watch from a version below this gets 410
+  std::deque<Event> history_ GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Watcher>> watchers_ GUARDED_BY(mu_);
+  std::mt19937_64 random_ GUARDED_BY(mu_);
 };
 
 std::string base64(const std::string& bytes);
-std::string now_rfc3339(std::chrono::seconds offset = std::chrono::seconds(0));
 // Copies of the fields selectors look at (metadata.name/namespace/labels, pod fields, ...).
 json selector_view(const json& object);
 

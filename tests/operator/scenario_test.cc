@@ -1,7 +1,11 @@
 // Scenario tests of the TrainingJob controller over real HTTP: the fake API server, the real
 // HttpClient and informers, the controller loop with its reconciler, and a simulated kubelet.
+// This file is the fake backend of the shared scenarios (backend_scenarios.cc, also run on the
+// real server) and the scenarios only the fake server can stage: injected faults (5xx, 403
+// quota), request counts per status, a lost Lease mid-create, restarts timed to the request log.
 #include <gtest/gtest.h>
 
+#include "backend_scenario.h"
 #include "harness.h"
 #include "longhaul/base/http_server.h"
 #include "longhaul/controller/controller.h"
@@ -12,6 +16,59 @@ namespace {
 
 using controller::Controller;
 using controller::ControllerOptions;
+
+// The fake API server as the backend of the shared scenarios (backend_scenarios.cc): its own
+// server per test with a simulated kubelet, namespace "default", and no volume provisioner
+// (claims stay Pending, as on the real test server).
+class FakeBackend : public ScenarioBackend {
+ public:
+  FakeBackend() : server_(options()) {
+    server_.start();
+    admin_ = make_client(server_);
+    kubelet_ = std::make_unique<FakeKubelet>(server_);
+  }
+  static fakeapi::Options options() {
+    fakeapi::Options o = server_options();
+    o.bind_persistent_volume_claims = false;
+    return o;
+  }
+
+  const std::string& ns() const override { return ns_; }
+  std::shared_ptr<kube::HttpClient> admin() override { return admin_; }
+  std::shared_ptr<kube::HttpClient> operator_client() override { return make_client(server_); }
+  void configure(ControllerOptions&) override {}
+  void terminate(const std::string& pod, int exit_code) override {
+    fail_pod(server_, pod, exit_code);
+  }
+  void preempt(const std::string& pod) override { preempt_pod(server_, pod); }
+  void set_stuck(const std::string& pod, bool stuck) override { kubelet_->set_stuck(pod, stuck); }
+  // Every write the server answered ("METHOD path"): the kubelet writes to the store directly,
+  // and the scenarios make none of their own while they count.
+  std::vector<std::string> take_operator_writes() override { return take_writes(server_); }
+  std::chrono::milliseconds default_timeout() const override { return 20s; }
+  std::chrono::milliseconds poll_interval() const override { return 10ms; }
+  std::chrono::seconds timestamp_precision() const override { return 0s; }
+  int preemption_rounds() const override { return 10; }
+  void stop() override {
+    kubelet_->stop();
+    admin_->close();
+    server_.stop();
+  }
+
+ private:
+  const std::string ns_ = "default";
+  fakeapi::FakeApiServer server_;
+  std::shared_ptr<kube::HttpClient> admin_;
+  std::unique_ptr<FakeKubelet> kubelet_;
+};
+
+}  // namespace
+
+std::unique_ptr<ScenarioBackend> make_scenario_backend(std::string*) {
+  return std::make_unique<FakeBackend>();
+}
+
+namespace {
 
 class Scenario : public FakeServerScenario {
  protected:
@@ -43,73 +100,6 @@ class Scenario : public FakeServerScenario {
     return std::find(r.begin(), r.end(), reason) != r.end();
   }
 };
-
-TEST_F(Scenario, CreateMakesClaimServiceAndPodsWithEnvLabelsMountsAndOwners) {
-  start_operator();
-  create(job_manifest("j"));
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); })) << status().phase;
-  const json job = server.get(kJobs, "default", "j");
-  const std::string uid = job["metadata"]["uid"];
-
-  const json claim = server.get("persistentvolumeclaims", "default", "j-logdir");
-  EXPECT_EQ(claim["spec"]["accessModes"], json::array({"ReadWriteMany"}));
-  EXPECT_FALSE(claim["metadata"].contains("ownerReferences")) << "Retain: not garbage-collected";
-  const json svc = server.get("services", "default", "j");
-  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
-  EXPECT_EQ(svc["metadata"]["ownerReferences"][0]["uid"], uid);
-
-  const json chief = server.get("pods", "default", "j-chief-0");
-  EXPECT_EQ(chief["metadata"]["labels"]["longhaul.dev/role"], "chief");
-  EXPECT_EQ(chief["metadata"]["ownerReferences"][0]["uid"], uid);
-  EXPECT_EQ(chief["metadata"]["ownerReferences"][0]["controller"], true);
-  EXPECT_EQ(chief["spec"]["hostname"], "j-chief-0");
-  EXPECT_EQ(chief["spec"]["subdomain"], "j");
-  EXPECT_EQ(chief["spec"]["restartPolicy"], "Never");
-  const json w1 = server.get("pods", "default", "j-worker-1");
-  EXPECT_EQ(w1["metadata"]["labels"]["longhaul.dev/replica-type"], "worker");
-  EXPECT_EQ(w1["metadata"]["labels"]["longhaul.dev/replica-index"], "1");
-  EXPECT_FALSE(w1["metadata"]["labels"].contains("longhaul.dev/role"));
-  EXPECT_EQ(w1["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/logdir");
-  EXPECT_EQ(w1["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"], "j-logdir");
-  std::map<std::string, std::string> env;
-  for (const json& e : w1["spec"]["containers"][0]["env"]) env[e["name"]] = e["value"];
-  const json tf = json::parse(env.at("TF_CONFIG"));
-  EXPECT_EQ(tf["cluster"]["chief"], json::array({"j-chief-0.j.default.svc:2222"}));
-  EXPECT_EQ(tf["cluster"]["worker"][1], "j-worker-1.j.default.svc:2222");
-  EXPECT_EQ(tf["task"], json({{"type", "worker"}, {"index", 1}}));
-  EXPECT_EQ(env.at("LONGHAUL_RANK"), "2");
-  EXPECT_EQ(env.at("LONGHAUL_WORLD_SIZE"), "3");
-  EXPECT_EQ(env.at("LONGHAUL_CHIEF_ADDRESS"), "j-chief-0.j.default.svc:2222");
-  EXPECT_EQ(env.at("LONGHAUL_RESTART_ATTEMPT"), "0");
-  EXPECT_EQ(env.at("LONGHAUL_LOGDIR"), "/logdir");
-
-  ASSERT_TRUE(wait([&] {
-    const auto s = status();
-    return s.ready == "3/3" && api::condition_true(s, api::condition::kRunning);
-  }));
-  const auto s = status();
-  EXPECT_EQ(s.chief_pod, "j-chief-0");
-  EXPECT_TRUE(api::condition_true(s, api::condition::kCreated));
-  EXPECT_EQ(s.observed_generation, 1);
-  EXPECT_TRUE(saw_event("CreatedPod"));
-}
-
-TEST_F(Scenario, ChiefExit1FailsTheJobNamingPodAndCode) {
-  start_operator();
-  create(job_manifest("j"));
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  fail_pod(server, "j-chief-0", 1);
-  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
-  const auto s = status();
-  const auto* failed = api::find_condition(s, api::condition::kFailed);
-  ASSERT_NE(failed, nullptr);
-  EXPECT_EQ(failed->reason, "PermanentExitCode");
-  EXPECT_NE(failed->message.find("default/j-chief-0"), std::string::npos) << failed->message;
-  EXPECT_NE(failed->message.find("exited with code 1"), std::string::npos) << failed->message;
-  // cleanPodPolicy Running: the running workers go, the failed chief stays for its logs.
-  ASSERT_TRUE(wait([&] { return job_pods(server, "j").size() == 1; }));
-  EXPECT_EQ(job_pods(server, "j")[0]["metadata"]["name"], "j-chief-0");
-}
 
 // restartScope Replica over HTTP with informers: each preemption (a worker, then the chief)
 // re-creates only the lost pod; the survivors keep their pods; the status counts the recoveries.
@@ -152,185 +142,6 @@ TEST_F(Scenario, ReplicaScopeReplacesOnlyThePreemptedPod) {
   EXPECT_EQ(s.failure_count, 0);
   EXPECT_TRUE(s.last_recovery_milliseconds.has_value());
   EXPECT_TRUE(saw_event("ReplicasRecovered"));
-}
-
-TEST_F(Scenario, TenPreemptionsKeepTheJobRunningWithTheBudgetUntouched) {
-  start_operator();
-  create(job_manifest("j"));
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  for (int i = 1; i <= 10; ++i) {
-    preempt_pod(server, i % 2 ? "j-worker-1" : "j-chief-0");
-    ASSERT_TRUE(wait([&] { return running("j", 3, i); })) << "preemption " << i;
-  }
-  ASSERT_TRUE(wait([&] { return status().preemption_count == 10; }));
-  const auto s = status();
-  EXPECT_EQ(s.phase, "Running");
-  EXPECT_EQ(s.failure_count, 0);
-  EXPECT_EQ(s.failure_budget, "0/6");
-  EXPECT_EQ(s.restart_count, 10);
-}
-
-TEST_F(Scenario, Exit137RestartsTheGroupAfterTheBackoff) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["runPolicy"]["backoff"] = {{"initialSeconds", 1}, {"maxSeconds", 2}};
-  create(job);
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  fail_pod(server, "j-worker-0", 137);
-  ASSERT_TRUE(wait([&] { return status().failure_count == 1; }));
-  const std::string not_before = status().next_restart_time;
-  ASSERT_FALSE(not_before.empty());
-  EXPECT_EQ(status().phase, "Restarting");
-  ASSERT_TRUE(wait([&] { return running("j", 3, 1); }));
-  for (const json& p : job_pods(server, "j")) {
-    EXPECT_GE(api::parse_time(p["metadata"]["creationTimestamp"].get<std::string>()),
-              api::parse_time(not_before))
-        << "pod " << p["metadata"]["name"] << " was created before the backoff ended";
-  }
-  ASSERT_TRUE(wait([&] { return status().phase == "Running"; }));
-  EXPECT_EQ(status().failure_count, 1);
-}
-
-TEST_F(Scenario, BackoffLimitReachedAcrossRecreationsFailsTheJob) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["runPolicy"]["backoffLimit"] = 2;
-  create(job);
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(wait([&] { return running("j", 3, i); }));
-    fail_pod(server, "j-worker-1", 138);
-  }
-  ASSERT_TRUE(wait([&] { return running("j", 3, 2); }));
-  fail_pod(server, "j-worker-1", 138);
-  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
-  const auto s = status();
-  EXPECT_EQ(s.failure_count, 3);
-  const auto* failed = api::find_condition(s, api::condition::kFailed);
-  EXPECT_EQ(failed->reason, "BackoffLimitExceeded");
-  EXPECT_NE(failed->message.find("backoffLimit 2"), std::string::npos) << failed->message;
-  EXPECT_NE(failed->message.find("j-worker-1"), std::string::npos) << failed->message;
-  EXPECT_NE(failed->message.find("138"), std::string::npos) << failed->message;
-}
-
-TEST_F(Scenario, GroupRestartRecreatesEveryReplica) {
-  start_operator();
-  create(job_manifest("j", 3));
-  ASSERT_TRUE(wait([&] { return running("j", 4, 0); }));
-  std::map<std::string, std::string> before;
-  for (const json& p : job_pods(server, "j")) before[p["metadata"]["name"]] = p["metadata"]["uid"];
-  fail_pod(server, "j-worker-2", 255);
-  ASSERT_TRUE(wait([&] { return running("j", 4, 1); })) << [&] {
-    std::string out;
-    for (const json& p : job_pods(server, "j")) out += p["metadata"].dump() + "\n";
-    return out + status().phase;
-  }();
-  for (const json& p : job_pods(server, "j")) {
-    EXPECT_NE(before.at(p["metadata"]["name"]), p["metadata"]["uid"]) << p["metadata"]["name"];
-    std::map<std::string, std::string> env;
-    for (const json& e : p["spec"]["containers"][0]["env"]) env[e["name"]] = e["value"];
-    EXPECT_EQ(env.at("LONGHAUL_RESTART_ATTEMPT"), "1");
-  }
-}
-
-TEST_F(Scenario, PodStuckTerminatingOnALostNodeIsForceDeleted) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["runPolicy"]["nodeLostTimeoutSeconds"] = 1;
-  create(job);
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  // The node of worker-1 is gone: its deletion (the taint manager's) never completes.
-  kubelet->set_stuck("j-worker-1", true);
-  fakeapi::DeleteOptions grace;
-  grace.grace_period_seconds = 1;
-  server.remove("pods", "default", "j-worker-1", grace);
-  ASSERT_TRUE(wait([&] { return status().preemption_count == 1; }));
-  ASSERT_TRUE(wait([&] { return running("j", 3, 1); }, 30s));
-  EXPECT_TRUE(saw_event("ForceDeletedPod"));
-  EXPECT_EQ(status().failure_count, 0);
-}
-
-struct CleanupCase {
-  const char* policy;
-  std::vector<std::string> pods_left;
-};
-void PrintTo(const CleanupCase& c, std::ostream* os) { *os << c.policy; }
-class SuccessScenario : public Scenario, public ::testing::WithParamInterface<CleanupCase> {};
-
-TEST_P(SuccessScenario, ChiefSuccessFinishesAndCleansUpByPolicy) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["runPolicy"]["cleanPodPolicy"] = GetParam().policy;
-  create(job);
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  fail_pod(server, "j-worker-0", 0);
-  fail_pod(server, "j-chief-0", 0);
-  ASSERT_TRUE(wait([&] { return status().phase == "Succeeded"; }));
-  auto names = [&] {
-    std::vector<std::string> n;
-    for (const json& p : job_pods(server, "j")) n.push_back(p["metadata"]["name"]);
-    return n;
-  };
-  ASSERT_TRUE(wait([&] { return names() == GetParam().pods_left; })) << names().size();
-  const auto s = status();
-  EXPECT_EQ(api::find_condition(s, api::condition::kSucceeded)->reason, "ChiefSucceeded");
-  EXPECT_FALSE(s.completion_time.empty());
-}
-INSTANTIATE_TEST_SUITE_P(
-    Policies, SuccessScenario,
-    ::testing::Values(CleanupCase{"Running", {"j-chief-0", "j-worker-0"}}, CleanupCase{"All", {}},
-                      CleanupCase{"None", {"j-chief-0", "j-worker-0", "j-worker-1"}}),
-    [](const auto& info) { return std::string(info.param.policy); });
-
-TEST_F(Scenario, SuspendDeletesPodsAndResumeRecreatesThem) {
-  start_operator();
-  create(job_manifest("j"));
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  server.patch(kJobs, "default", "j", {{"spec", {{"runPolicy", {{"suspend", true}}}}}});
-  ASSERT_TRUE(wait([&] { return status().phase == "Suspended" && job_pods(server, "j").empty(); }));
-  EXPECT_TRUE(api::condition_true(status(), api::condition::kSuspended));
-  server.patch(kJobs, "default", "j", {{"spec", {{"runPolicy", {{"suspend", false}}}}}});
-  ASSERT_TRUE(wait([&] { return running("j", 3, 1); }));
-  EXPECT_EQ(api::find_condition(status(), api::condition::kSuspended)->status, "False");
-  EXPECT_EQ(status().failure_count, 0);
-}
-
-TEST_F(Scenario, ActiveDeadlineFailsTheJobWithDeadlineExceeded) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2;
-  create(job);
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }, 15s));
-  EXPECT_EQ(api::find_condition(status(), api::condition::kFailed)->reason, "DeadlineExceeded");
-  ASSERT_TRUE(wait([&] { return job_pods(server, "j").empty(); }));
-}
-
-TEST_F(Scenario, TtlAfterFinishedDeletesTheJobButKeepsARetainedLogdir) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 1;
-  create(job);
-  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
-  fail_pod(server, "j-chief-0", 0);
-  ASSERT_TRUE(wait([&] { return !server.try_get(kJobs, "default", "j"); }, 15s));
-  ASSERT_TRUE(wait([&] { return job_pods(server, "j").empty(); }));
-  EXPECT_TRUE(server.try_get("persistentvolumeclaims", "default", "j-logdir"));
-  EXPECT_FALSE(server.try_get("services", "default", "j"));
-}
-
-TEST_F(Scenario, InvalidSpecFailsWithInvalidSpecAndNoPods) {
-  start_operator();
-  json job = job_manifest("j");
-  job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"] = json::array();
-  create(job);
-  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
-  const auto s = status();
-  const auto* failed = api::find_condition(s, api::condition::kFailed);
-  ASSERT_NE(failed, nullptr);
-  EXPECT_EQ(failed->reason, "InvalidSpec");
-  EXPECT_NE(failed->message.find("spec.replicaSpecs.Worker.template.spec.containers"),
-            std::string::npos);
-  EXPECT_TRUE(job_pods(server, "j").empty());
 }
 
 TEST_F(Scenario, OperatorRestartedMidFlightMakesNoDuplicatesAndLosesNoJobs) {
@@ -419,21 +230,6 @@ TEST_F(Scenario, TwentyPercentOfRequestsFailingStillConverges) {
   ASSERT_TRUE(wait([&] { return running("j1", 3, 1) && status("j1").preemption_count == 1; }, 30s));
   EXPECT_GT(server.injected_fault_count(), 0u);
   EXPECT_EQ(status("j1").failure_count, 0);
-}
-
-TEST_F(Scenario, NoWritesOnceConverged) {
-  start_operator();
-  create(job_manifest("j"));
-  ASSERT_TRUE(wait([&] {
-    const auto s = status();
-    return running("j", 3, 0) && s.ready == "3/3";
-  }));
-  // The last decision's Event is written right after its status: wait for it too.
-  ASSERT_TRUE(wait([&] { return saw_event("AllReplicasRunning"); }));
-  // Converged: a forced reconcile writes nothing.
-  ASSERT_NO_FATAL_FAILURE(expect_forced_reconciles_write_nothing(
-      *ctl, reconciles, [&] { return take_writes(server); }, "default/j", /*max_rounds=*/5,
-      /*quiet_rounds=*/3));
 }
 
 // A ResourceQuota 403 on pod create once left the job Pending forever with Created=True, no

@@ -1,7 +1,7 @@
 // ReconcilerHarness: the fixture the reconciler's unit tests share (test-only). A Reconciler
-// over the in-memory client (memory_client.h) with a clock the test sets, Events kept in order,
-// and the simulated kubelet: pods are moved to Running, Failed (with an exit code) or preempted
-// by writing their status, as a kubelet would.
+// over the fake API server's store as a kube::Client (longhaul/fakeapi/store_client.h) with a clock
+// the test sets, Events kept in order, and the simulated kubelet: pods are moved to Running, Failed
+// (with an exit code) or preempted by writing their status, as a kubelet would.
 //
 // Derived fixtures make the reconciler in their constructor from base_options(), adding the
 // hooks they observe.
@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "longhaul/controller/reconciler.h"
-#include "memory_client.h"
+#include "longhaul/fakeapi/store_client.h"
 
 namespace longhaul::controller::testing {
 
@@ -124,7 +124,7 @@ class ReconcilerHarness : public ::testing::Test {
                   {"reason", "PreemptionByScheduler"}}}}});
   }
 
-  MemoryClient client;
+  fakeapi::StoreClient client;
   RecordingEvents events;
   api::Time now = api::parse_time("2026-11-21T13:00:00Z");
   std::unique_ptr<Reconciler> reconciler;

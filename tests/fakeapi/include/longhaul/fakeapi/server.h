@@ -125,6 +125,9 @@ struct Options {
   // The request log keeps at most this many records (the oldest half is dropped beyond it), so
   // long benchmarks stay bounded; count_requests() counts what is kept.
   size_t request_log_limit = 200000;
+  // Test control: the time the server stamps on objects (creationTimestamp, deletionTimestamp,
+  // condition transitions). Unset: the system clock. Called under the store lock.
+  std::function<std::chrono::system_clock::time_point()> clock;
   uint64_t fault_seed = 1;
   std::vector<ResourceType> resource_types = default_resource_types();
 };
