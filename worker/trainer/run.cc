@@ -14,6 +14,7 @@
 
 #include "longhaul/base/log.h"
 #include "longhaul/data/prepare.h"
+#include "longhaul/kernels/cpu/threading.h"
 #include "longhaul/supervisor/events.h"
 #include "longhaul/supervisor/safetensors.h"
 #include "longhaul/supervisor/signals.h"
@@ -363,6 +364,10 @@ class TrainingSession {
          << (from_peers_ ? " (state from the running replicas, no checkpoint read)" : "")
          << " | model " << config_.model.preset << " (" << mc.to_string() << ", "
          << trainer_.model().num_parameters() << " params) on " << trainer_.model().device_name()
+         << (trainer_.model().memory_space() == model::MemorySpace::kHost
+                 ? " (" + std::to_string(kernels::cpu::num_threads()) +
+                       (kernels::cpu::num_threads() == 1 ? " thread)" : " threads)")
+                 : "")
          << " | data " << (config_.data.train.empty() ? "<embedded corpus>" : config_.data.train)
          << " | " << trainer_.tokens_per_step() << " tokens/step (" << trainer_.accumulation_steps()
          << " micro-batches of " << t_.batch_size << "x" << t_.seq_len << ")"
