@@ -5,6 +5,7 @@
 // drivers in other languages (--info-file is written once the plane is ready).
 //
 //   longhaul-envtest [--no-crds] [--crd FILE]... [--info-file F] [--kubeconfig-out F]
+//                    [--apiserver-flag FLAG]...
 #include <csignal>
 #include <iostream>
 #include <string>
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   std::string info_file;
   std::string kubeconfig_out;
   std::vector<std::string> extra_crds;
+  std::vector<std::string> apiserver_flags;
   app.add_flag("--no-crds", no_crds, "do not install the TrainingJob CRD from crds/");
   app.add_option("--crd", extra_crds,
                  "also install this CRD manifest before the controller manager starts "
@@ -33,6 +35,10 @@ int main(int argc, char** argv) {
   app.add_option("--info-file", info_file,
                  "write {server, kubeconfig, caFile, workDir, pids} as JSON here once ready");
   app.add_option("--kubeconfig-out", kubeconfig_out, "also copy the admin kubeconfig to this path");
+  app.add_option("--apiserver-flag", apiserver_flags,
+                 "pass this flag to kube-apiserver, e.g. --apiserver-flag=--audit-policy-file=F "
+                 "(repeatable)")
+      ->allow_extra_args(false);
   CLI11_PARSE(app, argc, argv);
 
   // Block the stop signals before any thread or child exists; the children unblock them.
@@ -53,7 +59,9 @@ int main(int argc, char** argv) {
   try {
     std::cerr << "longhaul-envtest: starting etcd, kube-apiserver and kube-controller-manager from "
               << assets->origin.string() << " ...\n";
-    plane = envtest::ControlPlane::start(*assets);
+    envtest::ControlPlaneOptions options;
+    options.extra_apiserver_flags = apiserver_flags;
+    plane = envtest::ControlPlane::start(*assets, options);
     if (!no_crds) {
       for (const auto& entry :
            std::filesystem::directory_iterator(envtest::source_dir() / "crds")) {

@@ -64,6 +64,9 @@ CHAIN = "LONGHAUL-NODE"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service (envtest's --service-cluster-ip-range)
 PAUSE_IMAGE = "localhost/longhaul-pause:1"
 STORAGE_CLASS = "longhaul-node"
+# LONGHAUL_NODE_DEBUG=1: the kubelet logs at -v=4 and the API server audits every pod write
+# with its request body (<workdir>/plane/audit.log): for finding who wrote what to a pod.
+DEBUG = bool(os.environ.get("LONGHAUL_NODE_DEBUG"))
 # Written by the kubelet (and the bridge plugin): saved before the node starts, restored after.
 SYSCTLS = ["vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward"]
 # Paths the kubelet, CNI and the containerd shims hard-code whatever their configuration says.
@@ -566,7 +569,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             str(kubelet), f"--config={path}", f"--kubeconfig={kubeconfig}",
             f"--container-runtime-endpoint=unix://{self.socket}",
             f"--pod-infra-container-image={PAUSE_IMAGE}", f"--root-dir={self.root / 'kubelet'}",
-            f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}", "--v=1"]
+            f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}", f"--v={4 if DEBUG else 1}"]
         proc = self._spawn("kubelet", self._kubelet_argv)
         self._wait(proc, f"Node {NODE_NAME} Ready", self.node_ready)
 
@@ -618,20 +621,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # -- storage
 
-    def _storage_class(self):
+    def _storage_class(self, name: str = STORAGE_CLASS, default: bool = True):
         # Kept by the control plane across nodes (a plane may outlive several): 409 is fine.
+        annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
         status, answer = self.api.request("POST", "/apis/storage.k8s.io/v1/storageclasses", {
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-            "metadata": {"name": STORAGE_CLASS,
-                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "metadata": {"name": name, "annotations": annotations},
             "provisioner": "kubernetes.io/no-provisioner", "reclaimPolicy": "Retain",
             "volumeBindingMode": "Immediate"})
         if status not in (201, 409):
-            raise NodeError(f"cannot create StorageClass {STORAGE_CLASS}: HTTP {status}: {answer}")
+            raise NodeError(f"cannot create StorageClass {name}: HTTP {status}: {answer}")
 
-    def add_volume(self, size: str = "10Gi") -> tuple[str, pathlib.Path]:
-        """A static hostPath PersistentVolume of the default class (ReadWriteMany, Retain),
-        writable by any user. Returns its name and its folder on this machine."""
+    def add_volume(self, size: str = "10Gi",
+                   storage_class: str = STORAGE_CLASS) -> tuple[str, pathlib.Path]:
+        """A static hostPath PersistentVolume (ReadWriteMany, Retain) writable by any user, of
+        the default class or of `storage_class` (made, not default, when it is another: what a
+        manifest that names a class, like the reference example's `standard`, binds to).
+        Returns its name and its folder on this machine."""
+        if storage_class != STORAGE_CLASS:
+            self._storage_class(storage_class, default=False)
         self._volumes += 1
         name = f"longhaul-node-{self._started:x}-{self._volumes}"
         folder = self.root / "volumes" / name
@@ -640,7 +648,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.api.call("POST", "/api/v1/persistentvolumes", {
             "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
             "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
-                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": STORAGE_CLASS,
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": storage_class,
                      "hostPath": {"path": str(folder), "type": "Directory"}}})
         return name, folder
 
@@ -813,6 +821,18 @@ class ControlPlane:
         argv = [envtest, "--info-file", str(info_file)]
         for crd in extra_crds:
             argv += ["--crd", str(crd)]
+        if DEBUG:
+            # Who wrote what to a pod's status, with the body (AUDIT_LOG in the workdir).
+            policy = workdir / "audit-policy.yaml"
+            policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\n"
+                              "omitStages: [RequestReceived]\nrules:\n"
+                              "  - level: Request\n    verbs: [create, update, patch, delete]\n"
+                              "    resources: [{group: '', resources: [pods, pods/status]}]\n"
+                              "  - level: None\n")
+            argv += [f"--apiserver-flag=--audit-policy-file={policy}",
+                     f"--apiserver-flag=--audit-log-path={workdir / 'audit.log'}",
+                     "--apiserver-flag=--audit-log-format=json",
+                     "--apiserver-flag=--audit-log-mode=blocking"]
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
                                      preexec_fn=_die_with_parent)
         try:
