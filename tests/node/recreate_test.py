@@ -11,6 +11,11 @@ recovery and SETTLE_SECONDS past it:
 - the job's phase is not `Restarting` once every pod of the job is a new one whose container
   runs (allowing SETTLE_SECONDS for the operator to observe it: the defect held it for ~48 s).
 
+The job's max_steps is far beyond what the test trains: on a fast machine a 1000-step job ended
+before its last eviction. After the last recovery the test waits for training to go on past
+the last eviction's step, then deletes the job (that a job trains to Succeeded through faults is
+user_path_test's).
+
 Shares the node, the chart install and the images with user_path_test.py (its fixtures).
 Run: tests/node/run_node_test.sh recreate_test.py  (as root; ctest: node_recreate_test).
 """
@@ -30,12 +35,13 @@ from user_path_test import node, operator  # noqa: E402,F401  (fixtures)
 
 up.WORKDIR = up.BINARY_DIR / "node_recreate_test"
 NS, JOB = "ml-recreate", "regroup"
-STEPS = 1000
+STEPS = 1_000_000  # never reached: the test deletes the job
 SETTLE_SECONDS = 10.0
-# (step, pod): each evicted through the Eviction API once the job trains past the step. The gaps
-# outlast a progress read (5 s) at the worker's pace (about 15 steps/s here): with 400 steps and
-# evictions at 60/160/260 the job finished before the last one.
+# (step, pod): each evicted through the Eviction API once the job trains past the step.
 EVICTIONS = [(150, "worker-0"), (450, "chief-0"), (750, "worker-0")]
+# After the last recovery, training must go on to this step (past a checkpoint after the last
+# eviction: the group resumed from one at most 50 steps back).
+FINAL_STEP = EVICTIONS[-1][0] + 150
 
 
 def group_job() -> dict:
@@ -149,10 +155,14 @@ def test_evicted_pods_group_recreation_shows_no_old_state_and_no_restarting_whil
                         and time.monotonic() - state["since"] > 2 * SETTLE_SECONDS):
                     break
                 time.sleep(0.2)
-        nh.eventually(f"{JOB} finished", lambda: (job().get("status") or {}).get("phase")
-                      in ("Succeeded", "Failed"), up.TRAIN_DEADLINE, 1.0)
+        def trains_on() -> bool:
+            status = job().get("status") or {}
+            assert status.get("phase") not in ("Failed", "Succeeded"), status
+            return (int((status.get("progress") or {}).get("step", 0)) >= FINAL_STEP
+                    and status.get("phase") == "Running")
+        nh.eventually(f"step {FINAL_STEP} after the last recovery", trains_on,
+                      up.TRAIN_DEADLINE, 0.5)
         status = job()["status"]
-        assert status["phase"] == "Succeeded", status
         assert len(recoveries) == len(EVICTIONS), f"recoveries seen: {recoveries}"
         assert not violations, "\n".join(violations[:20])
         up.log(f"{JOB}: recovered in {', '.join(f'{r:.1f}' for r in recoveries)} s; status "
@@ -160,3 +170,5 @@ def test_evicted_pods_group_recreation_shows_no_old_state_and_no_restarting_whil
     except BaseException:
         print(up.dump_on_failure(node, JOB, NS))
         raise
+    up.kubectl(node, "delete", "trainingjob", JOB, "-n", NS, "--wait=true")
+    nh.eventually(f"{JOB}'s pods gone", lambda: not pods(), up.TRAIN_DEADLINE, 0.5)

@@ -262,12 +262,46 @@ def test_tiny_example_trains_to_success_with_step_and_last_ckpt_visible(node, op
     assert final.stat().st_uid != 0, "the worker wrote its checkpoint as root"
 
 
+def test_reference_example_a_chief_and_two_workers_train_unchanged(node, operator):
+    """examples/trainingjob-reference.yaml (every field at its default, a Chief and two Workers),
+    unchanged but for the image: its claim binds the class it names (`standard`), the three
+    replicas form their group with no cluster DNS, and STEP shows while it trains. Deleted once
+    it is well into training (its 2000 steps would add minutes to the suite)."""
+    job = "reference"
+    ensure_job_namespace(node)
+    node.add_volume(storage_class="standard")
+    folder = overlay(job, "trainingjob-reference.yaml")
+    kubectl(node, "apply", "-k", str(folder))
+    try:
+        def training() -> bool:
+            cols = get_tj_columns(node, job)
+            assert cols.get("PHASE") not in ("Failed", "Succeeded"), cols
+            step = cols.get("STEP", "")
+            return (cols.get("PHASE") == "Running" and cols.get("READY") == "3/3"
+                    and "/" in step and int(step.split("/")[0]) >= 50)
+        nh.eventually("the reference job training past step 50 with 3/3 ready", training,
+                      TRAIN_DEADLINE, 1.0)
+        log(f"kubectl get tj {job}: {get_tj_columns(node, job)}")
+        claim = get_json(node, "pvc", f"{job}-logdir", "-n", JOB_NS)
+        assert claim["spec"].get("storageClassName") == "standard", claim["spec"]
+    except BaseException:
+        print(dump_on_failure(node, job))
+        raise
+    kubectl(node, "delete", "-k", str(folder), "--wait=true")
+    nh.eventually(f"{job}'s pods gone", lambda: not get_json(
+        node, "pods", "-n", JOB_NS, "-l", f"longhaul.dev/job-name={job}")["items"], TRAIN_DEADLINE)
+
+
 # ------------------------------------------------------------------------------ faults
 
 # Long enough that each fault's window (FAULT_STEPS / 5 steps) outlasts a progress read (5 s)
-# and a replacement's start at the worker's pace (about 15 steps/s on 2 loaded cores): at 400
-# steps the job outran the last fault.
+# and a replacement's start at the worker's pace: at 400 steps the job outran the last fault.
 FAULT_STEPS = 1000
+# The pace is set by a CPU limit, not by the machine: unlimited, a faster machine than this one
+# (CI's) trained the 1000 steps before the last fault. At a quarter CPU per replica (one thread:
+# the worker follows its cgroup's limit) the tiny model trains at most ~13 steps/s here and
+# about as fast on a faster machine, so each window lasts ~15 s.
+FAULT_RESOURCES = {"requests": {"cpu": "100m"}, "limits": {"cpu": "250m"}}
 
 
 def fault_job(name: str) -> dict:
@@ -280,7 +314,7 @@ def fault_job(name: str) -> dict:
             "--set=log.every_steps=10", "--set=summaries.every_steps=50", "--set=eval.every_steps=0",
             "--metrics-port=9400"]
     template = {"spec": {"terminationGracePeriodSeconds": 30, "containers": [{
-        "name": "worker", "image": WORKER_IMAGE, "args": args,
+        "name": "worker", "image": WORKER_IMAGE, "args": args, "resources": FAULT_RESOURCES,
         "ports": [{"name": "metrics", "containerPort": 9400}]}]}}
     return {"apiVersion": "longhaul.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": "ml-faults"},
@@ -399,6 +433,8 @@ def test_faults_on_the_node_redo_no_step_and_end_where_an_uninterrupted_run_ends
     # No step redone: the chief (never lost) logged each step once, in order; no replica read a
     # checkpoint (the replacements took the state from the survivors).
     chief_log = pod_log(node, ns, "faults-chief-0")
+    # The worker follows its container's CPU limit (250m: one thread), not the node's CPUs.
+    assert re.search(r"\) on cpu \(1 thread\) \|", chief_log), chief_log[:2000]
     logged = [int(m) for m in re.findall(r"step\s+(\d+)/" + str(FAULT_STEPS), chief_log)]
     assert logged == sorted(set(logged)) and logged[-1] == FAULT_STEPS, logged
     for f in pathlib.Path("/var/log/pods").glob(f"{ns}_faults-*/*/*.log"):
