@@ -189,6 +189,7 @@ ReconcileResult Reconciler::Pass::forget() {
     }
   }
   report_phase("");
+  report_failure_budget(/*gone=*/true);
   return {};
 }
 
@@ -561,6 +562,7 @@ void Reconciler::Pass::track_progress() {
 void Reconciler::Pass::commit_status() {
   write_status();
   report_phase(st.phase);
+  report_failure_budget(/*gone=*/false);
   flush_events();
 }
 
