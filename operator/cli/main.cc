@@ -194,6 +194,7 @@ void serve_until_signalled(const sigset_t& signals, controller::Controller& ctl,
         LH_LOG(WARNING) << "lost leadership: stopped writing, draining the workers";
         metrics.set_leader(false);
         ctl.stop_workers();
+        metrics.drop_job_failure_budgets();  // the next leader exports them
       }
       continue;
     }

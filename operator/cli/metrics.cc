@@ -166,6 +166,15 @@ void OperatorMetrics::drop_job_failure_budget(const std::string& key) {
   budget_of_.erase(it);
 }
 
+void OperatorMetrics::drop_job_failure_budgets() {
+  MutexLock lock(mu_);
+  for (const auto& [key, gauges] : budget_of_) {
+    job_failures_.Remove(gauges.failures);
+    job_backoff_limit_.Remove(gauges.backoff_limit);
+  }
+  budget_of_.clear();
+}
+
 void OperatorMetrics::pod_restart(std::string_view reason) {
   cached(pod_restarts_, {{"reason", std::string(reason)}}).Increment();
 }

@@ -41,6 +41,9 @@ class OperatorMetrics {
   // series, for a job that is gone or finished, so no label set outlives its job.
   void job_failure_budget(const std::string& key, int failures, int backoff_limit);
   void drop_job_failure_budget(const std::string& key);
+  // Every job's two series: a replica that stops leading stops reconciling, so its values would
+  // go stale (and outlive jobs deleted under the next leader).
+  void drop_job_failure_budgets();
   void pod_restart(std::string_view reason);
   void recovery(double seconds);  // one in-place recovery (restartScope Replica) completed
   // `seconds`: sending until the answer (not the client's rate-limit wait).

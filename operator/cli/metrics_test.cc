@@ -48,5 +48,15 @@ TEST(OperatorMetricsTest, ADeletedJobsSeriesAreGoneFromTheScrape) {
                        R"(longhaul_operator_job_failures{name="llm",namespace="team-a"} 0)"));
 }
 
+TEST(OperatorMetricsTest, AReplicaThatStopsLeadingExportsNoJobsBudget) {
+  OperatorMetrics metrics("127.0.0.1", 0, "test");
+  metrics.job_failure_budget("team-a/llm", 2, 6);
+  metrics.job_failure_budget("team-b/llm", 1, 3);
+  metrics.drop_job_failure_budgets();
+  const std::string text = metrics.text();
+  EXPECT_EQ(text.find("longhaul_operator_job_failures{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("longhaul_operator_job_backoff_limit{"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace longhaul::operator_cli
