@@ -94,6 +94,26 @@ TEST_F(Scenario, CreateMakesClaimServiceAndPodsWithEnvLabelsMountsAndOwners) {
   EXPECT_TRUE(saw_event("CreatedPod"));
 }
 
+// Regression (#27): the simulated kubelet patched status by name alone, so a status meant for a
+// deleted pod could land on a pod re-created under the same name. Its writes carry the uid.
+TEST_F(Scenario, KubeletStatusAimedAtADeletedPodNeverReachesItsSameNameSuccessor) {
+  kubelet->set_auto_run(false);
+  const json pod = {{"apiVersion", "v1"},
+                    {"kind", "Pod"},
+                    {"metadata", {{"name", "p"}, {"namespace", "default"}}},
+                    {"spec", {{"containers", {{{"name", "trainer"}, {"image", "lh"}}}}}}};
+  const std::string old_uid = server.create("pods", "default", pod)["metadata"]["uid"];
+  server.finalize_pod_deletion("default", "p");
+  const std::string new_uid = server.create("pods", "default", pod)["metadata"]["uid"];
+  ASSERT_NE(old_uid, new_uid);
+  EXPECT_THROW(patch_pod_status(server, "default", "p", old_uid, {{"phase", "Failed"}}),
+               fakeapi::StatusError);
+  EXPECT_NE(server.get("pods", "default", "p").value(json::json_pointer("/status/phase"), ""),
+            "Failed");
+  patch_pod_status(server, "default", "p", new_uid, {{"phase", "Failed"}});
+  EXPECT_EQ(server.get("pods", "default", "p")["status"]["phase"], "Failed");
+}
+
 TEST_F(Scenario, ChiefExit1FailsTheJobNamingPodAndCode) {
   start_operator();
   create(job_manifest("j"));
