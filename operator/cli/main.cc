@@ -9,6 +9,7 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -112,6 +113,14 @@ controller::ControllerOptions controller_options(const Flags& f,
   options.reconciler.on_phase = [&metrics](const std::string& k, const std::string& p) {
     metrics.job_phase(k, p);
   };
+  options.reconciler.on_failure_budget =
+      [&metrics](const std::string& k, const std::optional<controller::FailureBudget>& b) {
+        if (b) {
+          metrics.job_failure_budget(k, b->failures, b->backoff_limit);
+        } else {
+          metrics.drop_job_failure_budget(k);
+        }
+      };
   return options;
 }
 
@@ -185,6 +194,7 @@ void serve_until_signalled(const sigset_t& signals, controller::Controller& ctl,
         LH_LOG(WARNING) << "lost leadership: stopped writing, draining the workers";
         metrics.set_leader(false);
         ctl.stop_workers();
+        metrics.drop_job_failure_budgets();  // the next leader exports them
       }
       continue;
     }

@@ -75,12 +75,22 @@ OperatorMetrics::OperatorMetrics(const std::string& bind_address, int port,
                      .Help("1 while this replica holds the leader Lease (or election is off)")
                      .Register(*registry_)
                      .Add({})),
+      job_failures_(prometheus::BuildGauge()
+                        .Name("longhaul_operator_job_failures")
+                        .Help("Failures of an unfinished TrainingJob counted against its "
+                              "runPolicy.backoffLimit (status.failureCount; preemptions are not "
+                              "counted); the job fails when this exceeds the limit")
+                        .Register(*registry_)),
+      job_backoff_limit_(prometheus::BuildGauge()
+                             .Name("longhaul_operator_job_backoff_limit")
+                             .Help("runPolicy.backoffLimit of an unfinished TrainingJob: the "
+                                   "failures it may spend before it is marked Failed")
+                             .Register(*registry_)),
       server_("Prometheus metrics", bind_address, port,
               [this](std::string_view method, std::string_view path) {
                 if (path != "/metrics") return http::Response{404, "text/plain", "try /metrics\n"};
                 if (method != "GET") return http::Response{405, "text/plain", "GET only\n"};
-                return http::Response{200, "text/plain; version=0.0.4; charset=utf-8",
-                                      prometheus::TextSerializer().Serialize(registry_->Collect())};
+                return http::Response{200, "text/plain; version=0.0.4; charset=utf-8", text()};
               }) {
   prometheus::BuildGauge()
       .Name("longhaul_operator_build_info")
@@ -109,6 +119,10 @@ void OperatorMetrics::reconcile(std::string_view result, double seconds) {
   reconcile_duration_.Observe(seconds);
 }
 
+std::string OperatorMetrics::text() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
 void OperatorMetrics::reconcile_cpu(double seconds) { reconcile_cpu_.Observe(seconds); }
 
 void OperatorMetrics::job_phase(const std::string& key, const std::string& phase) {
@@ -124,6 +138,41 @@ void OperatorMetrics::job_phase(const std::string& key, const std::string& phase
   phase_of_[key] = phase;
   if (!phase_gauges_.contains(phase)) phase_gauges_[phase] = &jobs_.Add({{"phase", phase}});
   phase_gauges_[phase]->Increment();
+}
+
+void OperatorMetrics::job_failure_budget(const std::string& key, int failures, int backoff_limit) {
+  MutexLock lock(mu_);
+  auto it = budget_of_.find(key);
+  if (it == budget_of_.end()) {
+    const size_t slash = key.find('/');
+    const std::map<std::string, std::string> labels = {
+        {"namespace", key.substr(0, slash)},
+        {"name", slash == std::string::npos ? "" : key.substr(slash + 1)}};
+    it =
+        budget_of_
+            .emplace(key, BudgetGauges{&job_failures_.Add(labels), &job_backoff_limit_.Add(labels)})
+            .first;
+  }
+  it->second.failures->Set(failures);
+  it->second.backoff_limit->Set(backoff_limit);
+}
+
+void OperatorMetrics::drop_job_failure_budget(const std::string& key) {
+  MutexLock lock(mu_);
+  const auto it = budget_of_.find(key);
+  if (it == budget_of_.end()) return;
+  job_failures_.Remove(it->second.failures);
+  job_backoff_limit_.Remove(it->second.backoff_limit);
+  budget_of_.erase(it);
+}
+
+void OperatorMetrics::drop_job_failure_budgets() {
+  MutexLock lock(mu_);
+  for (const auto& [key, gauges] : budget_of_) {
+    job_failures_.Remove(gauges.failures);
+    job_backoff_limit_.Remove(gauges.backoff_limit);
+  }
+  budget_of_.clear();
 }
 
 void OperatorMetrics::pod_restart(std::string_view reason) {

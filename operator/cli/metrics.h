@@ -30,10 +30,20 @@ class OperatorMetrics {
   // naming the port when it is taken, InvalidArgument for an address that is not IPv4.
   OperatorMetrics(const std::string& bind_address, int port, const std::string& version);
   int port() const { return server_.port(); }
+  std::string text() const;  // what /metrics serves: the text exposition format
 
   void reconcile(std::string_view result, double seconds);           // success|error|requeue
   void reconcile_cpu(double seconds);                                // the worker thread's CPU
   void job_phase(const std::string& key, const std::string& phase);  // "" when gone
+  // Per job ("namespace/name"): longhaul_operator_job_failures (failures counted against the
+  // budget, status.failureCount) and longhaul_operator_job_backoff_limit
+  // (runPolicy.backoffLimit), labelled namespace and name. drop_job_failure_budget removes both
+  // series, for a job that is gone or finished, so no label set outlives its job.
+  void job_failure_budget(const std::string& key, int failures, int backoff_limit);
+  void drop_job_failure_budget(const std::string& key);
+  // Every job's two series: a replica that stops leading stops reconciling, so its values would
+  // go stale (and outlive jobs deleted under the next leader).
+  void drop_job_failure_budgets();
   void pod_restart(std::string_view reason);
   void recovery(double seconds);  // one in-place recovery (restartScope Replica) completed
   // `seconds`: sending until the answer (not the client's rate-limit wait).
@@ -58,11 +68,18 @@ class OperatorMetrics {
   prometheus::Gauge& queue_depth_;
   prometheus::Histogram& queue_latency_;
   prometheus::Gauge& is_leader_;
+  prometheus::Family<prometheus::Gauge>& job_failures_;
+  prometheus::Family<prometheus::Gauge>& job_backoff_limit_;
 
   Mutex mu_;
   std::map<std::string, prometheus::Counter*> counter_cache_ GUARDED_BY(mu_);
   std::map<std::string, std::string> phase_of_ GUARDED_BY(mu_);  // job -> phase
   std::map<std::string, prometheus::Gauge*> phase_gauges_ GUARDED_BY(mu_);
+  struct BudgetGauges {
+    prometheus::Gauge* failures;
+    prometheus::Gauge* backoff_limit;
+  };
+  std::map<std::string, BudgetGauges> budget_of_ GUARDED_BY(mu_);  // job -> its two series
 
   http::Server server_;  // last: stopped and joined before anything it serves goes
 };

@@ -190,6 +190,7 @@ ReconcileResult Reconciler::Pass::forget() {
     }
   }
   report_phase("");
+  report_failure_budget(/*gone=*/true);
   return {};
 }
 
@@ -571,6 +572,7 @@ void Reconciler::Pass::track_progress() {
 void Reconciler::Pass::commit_status() {
   write_status();
   report_phase(st.phase);
+  report_failure_budget(/*gone=*/false);
   flush_events();
 }
 

@@ -208,6 +208,15 @@ struct Reconciler::Pass {
   void report_phase(const std::string& phase) const {
     if (r.options_.on_phase) r.options_.on_phase(key, phase);
   }
+  // The committed failure budget to on_failure_budget; nullopt once the job is gone or finished.
+  void report_failure_budget(bool gone) const {
+    if (!r.options_.on_failure_budget) return;
+    if (gone || api::is_finished(st)) {
+      r.options_.on_failure_budget(key, std::nullopt);
+    } else {
+      r.options_.on_failure_budget(key, FailureBudget{st.failure_count, policy().backoff_limit});
+    }
+  }
   void finish(std::string_view phase, std::string_view reason, const std::string& message);
   void check_stuck(const ObservedPod& p);  // pod_writes.cc
   void delete_pod(const ObservedPod& p, std::string_view reason,

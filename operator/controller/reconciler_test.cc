@@ -350,6 +350,70 @@ TEST_F(ReconcilerTest, StatusOfThePreviousOperatorVersionIsReadOnUpgrade) {
   EXPECT_EQ(status().preemption_count, 2);
 }
 
+// The failure budget as the operator exports it per job (longhaul_operator_job_failures and
+// longhaul_operator_job_backoff_limit): what the committed status says after each pass.
+class FailureBudgetTest : public ReconcilerTest {
+ protected:
+  FailureBudgetTest() {
+    ReconcilerOptions o = base_options();
+    o.on_failure_budget = [this](const std::string& key, const std::optional<FailureBudget>& b) {
+      std::lock_guard lock(budget_mu);
+      budgets[key] = b;
+    };
+    reconciler = std::make_unique<Reconciler>(client, nullptr, &events, o);
+  }
+  // The last report for ns/j; nullopt when none came.
+  std::optional<std::optional<FailureBudget>> reported() {
+    std::lock_guard lock(budget_mu);
+    const auto it = budgets.find("ns/j");
+    if (it == budgets.end()) return std::nullopt;
+    return it->second;
+  }
+  std::mutex budget_mu;
+  std::map<std::string, std::optional<FailureBudget>> budgets;
+};
+
+TEST_F(FailureBudgetTest, ARestartingJobReportsTheFailuresItSpentAndItsLimit) {
+  json spec = default_spec();
+  spec["runPolicy"]["backoffLimit"] = 4;
+  create_job(spec);
+  start_running();
+  ASSERT_TRUE(reported());
+  EXPECT_EQ(*reported(), (FailureBudget{0, 4}));
+  for (int failures = 1; failures <= 3; ++failures) {
+    set_phase("j-worker-0", "Failed", 138);
+    settle();
+    EXPECT_EQ(*reported(), (FailureBudget{failures, 4})) << "after failure " << failures;
+    run_all();
+    settle();
+  }
+  preempt("j-worker-1");
+  settle();
+  EXPECT_EQ(*reported(), (FailureBudget{3, 4})) << "a preemption spends no budget";
+}
+
+TEST_F(FailureBudgetTest, ADeletedJobsBudgetIsDropped) {
+  create_job(default_spec());
+  start_running();
+  ASSERT_TRUE(reported() && reported()->has_value());
+  client.remove(res::kTrainingJobs, "ns", "j", {});
+  reconcile();
+  ASSERT_TRUE(reported());
+  EXPECT_EQ(*reported(), std::nullopt) << "no stale series for a job that is gone";
+}
+
+TEST_F(FailureBudgetTest, AFinishedJobSpendsNoMoreBudgetAndIsDropped) {
+  json spec = default_spec();
+  spec["runPolicy"]["backoffLimit"] = 0;
+  create_job(spec);
+  start_running();
+  set_phase("j-worker-0", "Failed", 138);
+  settle();
+  ASSERT_EQ(status().phase, "Failed");
+  ASSERT_TRUE(reported());
+  EXPECT_EQ(*reported(), std::nullopt);
+}
+
 TEST_F(ReconcilerTest, PodScopeRestartsOnlyTheFailedPod) {
   json spec = default_spec();
   spec["runPolicy"]["restartScope"] = "Pod";

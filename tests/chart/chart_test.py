@@ -34,8 +34,8 @@ VALUES_ALL = pathlib.Path(__file__).with_name("values-all.yaml")
 PROMETHEUS_OPERATOR_CRDS = pathlib.Path(__file__).with_name("prometheus-operator-crds")
 RULES_TEST = pathlib.Path(__file__).with_name("prometheus-rules-test.yaml")
 ALERTS = ["LonghaulTrainingStalled", "LonghaulCheckpointOverdue", "LonghaulSkippedSteps",
-          "LonghaulJobRestartLoop", "LonghaulFailureBudgetSpending", "LonghaulOperatorDown",
-          "LonghaulReconcileErrors", "LonghaulTargetDown"]
+          "LonghaulJobRestartLoop", "LonghaulFailureBudgetLow", "LonghaulFailureBudgetExhausted",
+          "LonghaulOperatorDown", "LonghaulReconcileErrors", "LonghaulTargetDown"]
 RELEASE = "longhaul"
 NAMESPACE = "longhaul-system"
 KUBE_VERSION = "1.30.0"
@@ -117,6 +117,8 @@ def test_helm_lint_strict_has_no_errors_or_warnings(values_file):
     {"prometheusRule": {"disabledAlerts": ["LonghaulNoSuchAlert"]}},
     {"prometheusRule": {"reconcileErrors": {"ratio": 2}}},
     {"prometheusRule": {"skippedSteps": {"window": "0"}}},
+    {"prometheusRule": {"failureBudgetLow": {"ratio": 0}}},
+    {"prometheusRule": {"failureBudgetLow": {"ratio": 1.5}}},
     {"prometheusRule": {"targetDown": {"severity": "page"}}},
     {"unknownTopLevelKey": True},
 ])
@@ -124,6 +126,55 @@ def test_values_schema_rejects_bad_values(bad):
     with helm.Chart.load(CHART) as chart:
         with pytest.raises(helm.HelmError):
             chart.render(values=bad, name=RELEASE, namespace=NAMESPACE)
+
+
+# Every duration that lands in a Prometheus Operator object, with a value its CRDs refuse (units
+# out of order, repeated, fractional, spaced) although Prometheus-style "([0-9]+(ms|s|m|h))+"
+# accepted the first two.
+PROMETHEUS_OPERATOR_DURATIONS = [
+    ("metrics", "serviceMonitor", "interval"), ("metrics", "serviceMonitor", "scrapeTimeout"),
+    ("metrics", "podMonitor", "interval"), ("metrics", "podMonitor", "scrapeTimeout"),
+    ("prometheusRule", "interval"), ("prometheusRule", "trainingStalled", "for"),
+    ("prometheusRule", "checkpointOverdue", "for"), ("prometheusRule", "operatorDown", "for"),
+    ("prometheusRule", "reconcileErrors", "for"), ("prometheusRule", "targetDown", "for")]
+PROMETHEUS_OPERATOR_DURATION = ("^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                "(([0-9]+)s)?(([0-9]+)ms)?)$")
+
+
+def _nested(path: tuple[str, ...], value) -> dict:
+    out = value
+    for key in reversed(path):
+        out = {key: out}
+    return out
+
+
+@pytest.mark.parametrize("path", PROMETHEUS_OPERATOR_DURATIONS, ids=".".join)
+@pytest.mark.parametrize("bad", ["30s1m", "1m1m", "1.5m", "5 m"])
+def test_durations_the_prometheus_operator_refuses_are_refused_naming_the_value(path, bad):
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError) as refused:
+            chart.render(values=_nested(path, bad), name=RELEASE, namespace=NAMESPACE)
+    message = str(refused.value)
+    assert "/" + "/".join(path) in message and repr(bad) in message, message
+    assert PROMETHEUS_OPERATOR_DURATION in message, message
+
+
+@pytest.mark.parametrize("path", PROMETHEUS_OPERATOR_DURATIONS, ids=".".join)
+def test_durations_use_the_prometheus_operators_pattern_and_defaults_pass(path):
+    """The schema's pattern is the one in the Prometheus Operator's CRDs (tests/chart/
+    prometheus-operator-crds); the defaults and what the CRDs accept render."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    node = schema
+    for key in path:
+        node = node["properties"][key]
+    assert node["pattern"] == PROMETHEUS_OPERATOR_DURATION
+    crds = "".join(p.read_text() for p in PROMETHEUS_OPERATOR_CRDS.glob("*.yaml"))
+    assert PROMETHEUS_OPERATOR_DURATION in crds
+    defaults = helm.Chart.load(CHART).merge_values(None)
+    for key in path:
+        defaults = defaults[key]
+    for good in [defaults, "1m30s", "2h"] if defaults else ["1m30s", "2h"]:
+        render(_nested(path, good))
 
 
 def test_every_value_is_commented():
@@ -755,14 +806,14 @@ def test_thresholds_severities_and_labels_come_from_the_values():
     assert "clamp_min(4 *" in overdue and ", 3600)" in overdue and "+ 3600)" in overdue
     assert "[2h]" in alerts["LonghaulJobRestartLoop"]["expr"]
     assert alerts["LonghaulJobRestartLoop"]["expr"].rstrip().endswith(">= 5")
-    assert "[3h]" in alerts["LonghaulFailureBudgetSpending"]["expr"]
-    assert alerts["LonghaulFailureBudgetSpending"]["expr"].rstrip().endswith("> 7")
+    assert alerts["LonghaulFailureBudgetLow"]["expr"].rstrip().endswith(">= 0.5 < 1")
     assert "[20m]" in alerts["LonghaulReconcileErrors"]["expr"]
     assert alerts["LonghaulReconcileErrors"]["expr"].rstrip().endswith("> 0.25")
     assert 'job="longhaul-lh-metrics"' in alerts["LonghaulTargetDown"]["expr"]
     keys = {"LonghaulTrainingStalled": "trainingStalled", "LonghaulCheckpointOverdue":
             "checkpointOverdue", "LonghaulJobRestartLoop": "restartLoop",
-            "LonghaulFailureBudgetSpending": "failureBudget", "LonghaulOperatorDown":
+            "LonghaulFailureBudgetLow": "failureBudgetLow",
+            "LonghaulFailureBudgetExhausted": "failureBudgetExhausted", "LonghaulOperatorDown":
             "operatorDown", "LonghaulReconcileErrors": "reconcileErrors",
             "LonghaulTargetDown": "targetDown"}
     for name, key in keys.items():
@@ -781,6 +832,18 @@ def test_operator_down_needs_the_operator_scraped():
         {"metrics": {"serviceMonitor": {"enabled": False}}}))
     assert "LonghaulOperatorDown" not in alerts
     assert "LonghaulReconcileErrors" in alerts
+
+
+def test_the_scrape_test_relabels_the_operator_as_the_service_monitor_does():
+    """prometheus_scrape_test.py scrapes the operator with the ServiceMonitor's metricRelabelings
+    written in Prometheus's spelling; they must not drift apart."""
+    import prometheus_scrape_test as scrape  # noqa: PLC0415 - standard library only
+    monitor = next(o for o in render({"metrics": {"serviceMonitor": {"enabled": True}}})
+                   if o["kind"] == "ServiceMonitor")
+    spelling = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    relabelings = [{spelling.get(k, k): v for k, v in r.items()}
+                   for r in monitor["spec"]["endpoints"][0]["metricRelabelings"]]
+    assert relabelings == scrape.OPERATOR_METRIC_RELABEL_CONFIGS
 
 
 def test_rules_read_only_exported_or_recorded_series():

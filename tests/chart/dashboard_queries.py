@@ -55,6 +55,9 @@ OPERATOR_GAUGES = {
     "longhaul_operator_workqueue_depth",
     "longhaul_operator_is_leader",
     "longhaul_operator_build_info",
+    # Per unfinished job (labels namespace, name; trainingjob after the ServiceMonitor).
+    "longhaul_operator_job_failures",
+    "longhaul_operator_job_backoff_limit",
 }
 OPERATOR_HISTOGRAMS = {
     "longhaul_operator_reconcile_duration_seconds",

@@ -20,7 +20,9 @@ The worker trains the tiny CPU preset twice in one logdir: a short first run wri
 the second restores them (restores > 0) and keeps training and checkpointing while it is
 scraped. The operator runs against the project's fake API server with leader election; the test
 creates a TrainingJob, then marks one of its pods preempted, so that jobs, reconciles, API
-requests (including the 404 of the first Lease lookup) and pod restarts all have samples.
+requests (including the 404 of the first Lease lookup), pod restarts and the per-job failure
+budget series (present while the job exists; the operator's scrape is relabeled as the chart's
+ServiceMonitor does) all have samples.
 
 Only the Python standard library is used; the rules are rendered by the venv's Python
 (--venv, default $LONGHAUL_VENV). Without the venv everything else is checked and the test exits
@@ -66,6 +68,15 @@ OPERATOR_SCRAPE_JOB = "longhaul-metrics"
 # Labels whose values name what is scraped; matchers on other labels (result, reason, ...) pick
 # values only a failure produces and are relaxed to "the label exists".
 IDENTITY_LABELS = {"namespace", "trainingjob", "job", "rank", "instance"}
+# templates/servicemonitor.yaml's metricRelabelings in Prometheus's own spelling (chart_test.py
+# checks that they agree): the operator's per-job series get the job's namespace and trainingjob.
+OPERATOR_METRIC_RELABEL_CONFIGS = [
+    {"source_labels": ["__name__", "exported_namespace"], "regex": "longhaul_operator_job_.+;(.+)",
+     "target_label": "namespace", "replacement": "$1"},
+    {"source_labels": ["__name__", "name"], "regex": "longhaul_operator_job_.+;(.+)",
+     "target_label": "trainingjob", "replacement": "$1"},
+    {"action": "labeldrop", "regex": "exported_namespace|name"},
+]
 DEADLINE_SECONDS = 120
 
 
@@ -379,7 +390,8 @@ def start_prometheus(args, workdir: pathlib.Path, procs: Processes, worker_port:
         scrape_configs.append({
             "job_name": OPERATOR_SCRAPE_JOB,
             "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"],
-                                "labels": {"namespace": RELEASE_NAMESPACE}}]})
+                                "labels": {"namespace": RELEASE_NAMESPACE}}],
+            "metric_relabel_configs": OPERATOR_METRIC_RELABEL_CONFIGS})
     config = workdir / "prometheus.yml"
     rule_files = []
     if rules is not None:
@@ -539,6 +551,26 @@ def active_alerts(prom: str) -> list[dict]:
     return http("GET", f"{prom}/api/v1/alerts")["data"]["alerts"]
 
 
+def check_job_budget_series(procs: Processes, query) -> list[str]:
+    """The operator's per-job failure budget reaches Prometheus under the job's namespace and
+    trainingjob (the ServiceMonitor's relabeling), not the operator's: the preemption spent none
+    of the default backoffLimit 6."""
+    want = {"longhaul_operator_job_failures": "0", "longhaul_operator_job_backoff_limit": "6"}
+    problems = []
+    for name, value in want.items():
+        selector = f'{name}{{namespace="{NAMESPACE}", trainingjob="{JOB}", job="{OPERATOR_SCRAPE_JOB}"}}'
+        try:
+            found = wait_for(selector, lambda: (procs.check_alive(), query(selector))[1], timeout=30)
+        except Failure as e:
+            problems.append(f"{e}; the operator's series: {query(name)}")
+            continue
+        labels, got = found[0]["metric"], found[0]["value"][1]
+        if got != value or "exported_namespace" in labels or "name" in labels:
+            problems.append(f"{selector}: want value {value} and no exported_namespace/name "
+                            f"labels, got {found}")
+    return problems
+
+
 def check_quiet(prom: str) -> list[str]:
     """A healthy job and operator raise none of the chart's alerts (reconcile errors aside: the
     fake API server's conflicts may make a few)."""
@@ -568,6 +600,7 @@ def run(args, workdir: pathlib.Path, procs: Processes, rules: str | None) -> lis
     query, prom = start_prometheus(args, workdir, procs, worker_port, operator_port, rules)
     problems = check_scrape(args, workdir, worker_port, "worker")
     problems += check_scrape(args, workdir, operator_port, "operator")
+    problems += check_job_budget_series(procs, query)
     groups = json.loads(rules)["groups"] if rules is not None else []
     if rules is not None:
         problems += check_rules_loaded(procs, prom, groups)

@@ -84,10 +84,6 @@ void FakeKubelet::heartbeat() {
   last_heartbeat_ = std::chrono::steady_clock::now();
 }
 
-json FakeKubelet::container_statuses(const std::string& pod, const json& state, bool ready) {
-  return container_statuses_of(client_->get(kube::resources::kPods, ns_, pod), state, ready);
-}
-
 json FakeKubelet::container_statuses_of(const json& p, const json& state, bool ready) {
   json statuses = json::array();
   for (const json& c : p["spec"]["containers"]) {
@@ -101,30 +97,37 @@ json FakeKubelet::container_statuses_of(const json& p, const json& state, bool r
   return statuses;
 }
 
-void FakeKubelet::patch_status(const std::string& pod, const json& status) {
-  client_->patch(kube::resources::kPods, ns_, pod, {{"status", status}}, kube::PatchType::kMerge,
-                 /*status_subresource=*/true);
+// By name, with the uid of the incarnation `pod` in the patch: metadata.uid is immutable, so the
+// API server refuses the write (422) once the name belongs to a pod re-created since, and a
+// deleted pod's status never lands on its same-name successor (as a real kubelet's patches).
+void FakeKubelet::patch_status(const json& pod, const json& status) {
+  const json& md = pod.at("metadata");
+  client_->patch(kube::resources::kPods, ns_, md.value("name", ""),
+                 {{"metadata", {{"uid", md.value("uid", "")}}}, {"status", status}},
+                 kube::PatchType::kMerge, /*status_subresource=*/true);
 }
 
 void FakeKubelet::terminate(const std::string& pod, int exit_code, const std::string& message) {
+  const json p = client_->get(kube::resources::kPods, ns_, pod);
   json terminated = {{"exitCode", exit_code}};
   if (!message.empty()) terminated["message"] = message;
   patch_status(
-      pod, {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
-            {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
-            {"containerStatuses", container_statuses(pod, {{"terminated", terminated}}, false)}});
+      p, {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
+          {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
+          {"containerStatuses", container_statuses_of(p, {{"terminated", terminated}}, false)}});
 }
 
 void FakeKubelet::preempt(const std::string& pod) {
+  const json p = client_->get(kube::resources::kPods, ns_, pod);
   patch_status(
-      pod,
+      p,
       {{"phase", "Failed"},
        {"reason", "Preempted"},
        {"conditions",
         {{{"type", "Ready"}, {"status", "False"}},
          {{"type", "DisruptionTarget"}, {"status", "True"}, {"reason", "PreemptionByScheduler"}}}},
        {"containerStatuses",
-        container_statuses(pod, {{"terminated", {{"exitCode", 143}}}}, false)}});
+        container_statuses_of(p, {{"terminated", {{"exitCode", 143}}}}, false)}});
 }
 
 void FakeKubelet::sync_once() {
@@ -174,7 +177,7 @@ void FakeKubelet::sync_once() {
                        {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_}}}});
         }
         patch_status(
-            name,
+            pod,
             {{"phase", "Running"},
              {"conditions",
               {{{"type", "Ready"}, {"status", "True"}},

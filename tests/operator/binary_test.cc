@@ -88,6 +88,32 @@ TEST_F(Binary, ServesMetricsAndProbesReconcilesAndStopsOnSigterm) {
   EXPECT_NE(op.log().find("longhaul-operator stopped"), std::string::npos);
 }
 
+// The per-job failure budget as Prometheus scrapes it: a retryable failure shows as spent against
+// the job's backoffLimit, and the job's series leave the scrape with the job.
+TEST_F(Binary, ExportsEachJobsFailureBudgetAndDropsItWithTheJob) {
+  OperatorProcess op(dir, "a", {"--leader-elect=false"});
+  json job = job_manifest("j");
+  job["spec"]["runPolicy"] = {{"backoffLimit", 3},
+                              {"backoff", {{"initialSeconds", 0}, {"maxSeconds", 0}}}};
+  server.create(kJobs, "default", job);
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); })) << op.log();
+  const std::string failures = R"(longhaul_operator_job_failures{name="j",namespace="default"} )";
+  const std::string limit = R"(longhaul_operator_job_backoff_limit{name="j",namespace="default"} )";
+  ASSERT_TRUE(
+      eventually([&] { return op.metrics().find(failures + "0\n") != std::string::npos; }, 10s))
+      << op.metrics();
+  EXPECT_NE(op.metrics().find(limit + "3\n"), std::string::npos) << op.metrics();
+  fail_pod(server, "j-worker-0", 137);
+  ASSERT_TRUE(wait([&] { return job_status(server, "j").failure_count == 1; })) << op.log();
+  EXPECT_TRUE(
+      eventually([&] { return op.metrics().find(failures + "1\n") != std::string::npos; }, 10s))
+      << op.metrics();
+  server.remove(kJobs, "default", "j");
+  EXPECT_TRUE(
+      eventually([&] { return op.metrics().find(R"(name="j")") == std::string::npos; }, 10s))
+      << "the deleted job's series stay: " << op.metrics();
+}
+
 // Regression (#23): connections held open without a request (anything in the pod network can
 // hold them) starved the metrics endpoint, whose server took two at a time and let each sit idle
 // for 30 s. With 500 held on each of /metrics and the probe port, a scrape and the probes are

@@ -3,7 +3,10 @@
 // own: it marks new pods Running and Ready (when
 // auto_run is on) and finalizes the deletion of terminating pods, except pods the test marks as
 // stuck on a lost node. Tests change pod status through the fake server's store, as a kubelet
-// would, and wait on conditions with deadlines.
+// would, and wait on conditions with deadlines. Every status write carries the pod's
+// metadata.uid, as a real kubelet's do: the server refuses it (422, metadata.uid is immutable)
+// when the name belongs to a pod re-created since, so a deleted pod's status never reaches its
+// same-name successor.
 //
 // Thread-safety: FakeKubelet's settings are guarded by its mutex; the harness is used from the
 // test thread.
@@ -35,6 +38,14 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 inline constexpr const char* kJobs = "trainingjobs.longhaul.dev";
+
+// Merge-patches `status` into pod ns/name's status, only while the pod is the incarnation with
+// `uid` (the uid rides in the patch; see above). Throws fakeapi's 422 StatusError otherwise.
+inline void patch_pod_status(fakeapi::FakeApiServer& server, const std::string& ns,
+                             const std::string& name, const std::string& uid, const json& status) {
+  server.patch("pods", ns, name, {{"metadata", {{"uid", uid}}}, {"status", status}},
+               fakeapi::PatchType::kMerge, /*status_subresource=*/true);
+}
 
 class FakeKubelet {
  public:
@@ -80,13 +91,14 @@ class FakeKubelet {
           }
           const std::string phase = pod.contains("status") ? pod["status"].value("phase", "") : "";
           if (auto_run && (phase.empty() || phase == "Pending")) {
-            server_.patch_status(
-                "pods", ns, name,
+            patch_pod_status(
+                server_, ns, name, md.value("uid", ""),
                 {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}});
           }
         }
       } catch (const std::exception&) {
-        // A pod vanished between list and write: the next round sees the new state.
+        // A pod vanished (or was re-created) between list and write: the next round sees the
+        // new state.
       }
       lock.lock();
       // The kubelet's sync period; state is re-read each round, nothing waits on this delay.
@@ -200,20 +212,21 @@ inline bool pods_running_at(const fakeapi::FakeApiServer& s, const std::string& 
   return true;
 }
 
+// The container of the current pod `pod` exited (the write is aimed at the incarnation read).
 inline void fail_pod(fakeapi::FakeApiServer& s, const std::string& pod, int exit_code) {
-  s.patch_status("pods", "default", pod,
-                 {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
-                  {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
-                  {"containerStatuses",
-                   {{{"name", "trainer"},
-                     {"ready", false},
-                     {"restartCount", 0},
-                     {"state", {{"terminated", {{"exitCode", exit_code}}}}}}}}});
+  patch_pod_status(s, "default", pod, s.get("pods", "default", pod)["metadata"].value("uid", ""),
+                   {{"phase", exit_code == 0 ? "Succeeded" : "Failed"},
+                    {"conditions", {{{"type", "Ready"}, {"status", "False"}}}},
+                    {"containerStatuses",
+                     {{{"name", "trainer"},
+                       {"ready", false},
+                       {"restartCount", 0},
+                       {"state", {{"terminated", {{"exitCode", exit_code}}}}}}}}});
 }
 
 inline void preempt_pod(fakeapi::FakeApiServer& s, const std::string& pod) {
-  s.patch_status(
-      "pods", "default", pod,
+  patch_pod_status(
+      s, "default", pod, s.get("pods", "default", pod)["metadata"].value("uid", ""),
       {{"phase", "Failed"},
        {"reason", "Preempted"},
        {"conditions",

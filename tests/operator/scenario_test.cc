@@ -101,6 +101,43 @@ class Scenario : public FakeServerScenario {
   }
 };
 
+// Regression (#27): the simulated kubelet patched status by name alone, so a status meant for a
+// deleted pod could land on a pod re-created under the same name. Its writes carry the uid.
+TEST_F(Scenario, KubeletStatusAimedAtADeletedPodNeverReachesItsSameNameSuccessor) {
+  kubelet->set_auto_run(false);
+  const json pod = {{"apiVersion", "v1"},
+                    {"kind", "Pod"},
+                    {"metadata", {{"name", "p"}, {"namespace", "default"}}},
+                    {"spec", {{"containers", {{{"name", "trainer"}, {"image", "lh"}}}}}}};
+  const std::string old_uid = server.create("pods", "default", pod)["metadata"]["uid"];
+  server.finalize_pod_deletion("default", "p");
+  const std::string new_uid = server.create("pods", "default", pod)["metadata"]["uid"];
+  ASSERT_NE(old_uid, new_uid);
+  EXPECT_THROW(patch_pod_status(server, "default", "p", old_uid, {{"phase", "Failed"}}),
+               fakeapi::StatusError);
+  EXPECT_NE(server.get("pods", "default", "p").value(json::json_pointer("/status/phase"), ""),
+            "Failed");
+  patch_pod_status(server, "default", "p", new_uid, {{"phase", "Failed"}});
+  EXPECT_EQ(server.get("pods", "default", "p")["status"]["phase"], "Failed");
+}
+
+TEST_F(Scenario, ChiefExit1FailsTheJobNamingPodAndCode) {
+  start_operator();
+  create(job_manifest("j"));
+  ASSERT_TRUE(wait([&] { return running("j", 3, 0); }));
+  fail_pod(server, "j-chief-0", 1);
+  ASSERT_TRUE(wait([&] { return status().phase == "Failed"; }));
+  const auto s = status();
+  const auto* failed = api::find_condition(s, api::condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "PermanentExitCode");
+  EXPECT_NE(failed->message.find("default/j-chief-0"), std::string::npos) << failed->message;
+  EXPECT_NE(failed->message.find("exited with code 1"), std::string::npos) << failed->message;
+  // cleanPodPolicy Running: the running workers go, the failed chief stays for its logs.
+  ASSERT_TRUE(wait([&] { return job_pods(server, "j").size() == 1; }));
+  EXPECT_EQ(job_pods(server, "j")[0]["metadata"]["name"], "j-chief-0");
+}
+
 // restartScope Replica over HTTP with informers: each preemption (a worker, then the chief)
 // re-creates only the lost pod; the survivors keep their pods; the status counts the recoveries.
 TEST_F(Scenario, ReplicaScopeReplacesOnlyThePreemptedPod) {

@@ -83,6 +83,13 @@ struct ReconcileResult {
   std::optional<std::chrono::milliseconds> requeue_after;
 };
 
+// A job's failure budget as its committed status records it (ReconcilerOptions::on_failure_budget).
+struct FailureBudget {
+  int32_t failures = 0;       // status.failureCount: failures counted against the limit
+  int32_t backoff_limit = 0;  // spec.runPolicy.backoffLimit; the job fails at failures > limit
+  bool operator==(const FailureBudget&) const = default;
+};
+
 struct ReconcilerOptions {
   std::function<api::Time()> now = [] { return std::chrono::system_clock::now(); };
   std::function<double()> jitter01;  // uniform [0, 1); default: a seeded std::mt19937
@@ -93,6 +100,13 @@ struct ReconcilerOptions {
   std::function<void(double seconds)> on_recovery;
   // Called after each reconcile with the job's phase ("" when the job is gone).
   std::function<void(const std::string& key, const std::string& phase)> on_phase;
+  // Called after each committed status write (or a pass that found nothing to write) with the
+  // failure budget the job's status now records: failures counted against
+  // runPolicy.backoffLimit (status.failureCount) and the limit itself. nullopt when the job is
+  // gone from the cache, being deleted, or finished (Succeeded/Failed: it spends no more budget),
+  // so whoever exports it per job drops the job's series.
+  std::function<void(const std::string& key, const std::optional<FailureBudget>& budget)>
+      on_failure_budget;
   // Backoff after a refused create (quota, admission, API server unavailable): the n-th
   // consecutive failure of a job waits min(max, base * 2^(n-1)) before the next try.
   std::chrono::milliseconds create_retry_base{1000};

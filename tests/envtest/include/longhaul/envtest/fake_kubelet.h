@@ -4,7 +4,8 @@
 // the graceful deletion of terminating pods (DELETE with grace 0, as a kubelet does once the
 // containers stopped) unless the test marks a pod as stuck on a lost node. Tests report what
 // happened to a container (exit codes, preemption) through the pods' status subresource, as a
-// kubelet would.
+// kubelet would: every status patch carries the pod's metadata.uid, so none reaches a pod
+// re-created under the same name since (terminate() and preempt() aim at the pod they read).
 //
 // Its requests carry the User-Agent "longhaul-envtest-kubelet", so audit-based write counts can
 // tell them from the operator's.
@@ -49,8 +50,9 @@ class FakeKubelet {
   void run();
   void sync_once();
   void heartbeat();
-  void patch_status(const std::string& pod, const json& status);
-  json container_statuses(const std::string& pod, const json& state, bool ready);
+  // Merge-patches `status` into the incarnation `pod` (a pod object as read): its uid rides in the
+  // patch, so the write is refused once a same-name successor replaced it.
+  void patch_status(const json& pod, const json& status);
   static json container_statuses_of(const json& pod, const json& state, bool ready);
 
   const ControlPlane& plane_;
