@@ -167,7 +167,8 @@ std::string header_bytes(std::span<const TensorView> tensors,
 // separate checksum pass would read the whole state from memory twice). The header, which holds
 // the checksums, is written first with placeholders of the same length and rewritten at the end.
 uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
-                           const std::map<std::string, std::string>& metadata) {
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<void()>& before_rename) {
   check_tensors(path, tensors);
   std::vector<uint32_t> crcs(tensors.size(), 0);
   const std::string placeholder = header_bytes(tensors, metadata, crcs);
@@ -193,11 +194,12 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
   }
   out.overwrite(0, header);
   const uint64_t total = out.bytes_written();
-  out.commit();
+  out.commit(before_rename);
   return total;
 }
 
-uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& snapshot) {
+uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& snapshot,
+                           const std::function<void()>& before_rename) {
   if (snapshot.specs.size() != snapshot.buffers.size()) {
     throw InvalidArgument("snapshot for " + path.string() + " has " +
                           std::to_string(snapshot.specs.size()) + " specs but " +
@@ -210,7 +212,7 @@ uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& sn
   }
   auto metadata = snapshot.metadata;
   metadata["global_step"] = std::to_string(snapshot.step);
-  return write_safetensors(path, views, metadata);
+  return write_safetensors(path, views, metadata, before_rename);
 }
 
 SafetensorsReader::SafetensorsReader(std::filesystem::path path)

@@ -254,6 +254,7 @@ supervisor::SupervisorOptions supervisor_options(const RunOptions& options, bool
   so.save_summaries_secs = config.summaries.save_summaries_secs;
   so.recovery_wait_secs = config.supervisor.recovery_wait_secs;
   so.max_wait_secs = config.supervisor.max_wait_secs;
+  so.lock_lease_secs = config.supervisor.lock_lease_secs;
   so.stop_grace_secs = std::min(config.supervisor.stop_grace_secs, config.grace_period_secs);
   so.max_to_keep = config.checkpoint.max_to_keep;
   so.keep_checkpoint_every_n_hours = config.checkpoint.keep_checkpoint_every_n_hours;

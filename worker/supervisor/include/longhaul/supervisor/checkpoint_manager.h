@@ -55,6 +55,12 @@ struct CheckpointManagerOptions {
   // write_checkpoint_state. Tests hold a save inside its state file sync with it.
   std::function<void(const std::filesystem::path& logdir, const CheckpointState& state)>
       state_writer;
+  // Fencing (the writer's logdir lease, logdir_lease.h): when set, save() calls it just before
+  // each step that changes what other processes see — the checkpoint's rename, the state file's
+  // rewrite (before its rename; before state_writer when that is set) and retention's deletions —
+  // and it throws (LeaseLost) when this process may no longer write the logdir. save() then stops
+  // with nothing more renamed or deleted, and the temp file is removed.
+  std::function<void()> fence;
 };
 
 // One checkpoint listed in the state file.
