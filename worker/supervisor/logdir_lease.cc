@@ -1,6 +1,7 @@
 // LogdirLease: the writer lease on a logdir. See logdir_lease.h.
 #include "longhaul/supervisor/logdir_lease.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -165,8 +166,20 @@ std::optional<LeaseRecord> LeaseRecord::parse(std::string_view text) {
   return r;
 }
 
-std::unique_ptr<LogdirLease> LogdirLease::acquire(const LeaseOptions& options,
-                                                  LostCallback on_lost) {
+std::unique_ptr<LogdirLease> LogdirLease::acquire(const LeaseOptions& options, LostCallback on_lost,
+                                                  const std::function<bool()>& cancelled) {
+  LeaseWatch watch;
+  while (true) {
+    if (auto lease = try_acquire(options, on_lost, watch)) return lease;
+    if (cancelled && cancelled()) {
+      throw Cancelled("stop requested while waiting for the writer lock " + options.path.string());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the next look at the record
+  }
+}
+
+std::unique_ptr<LogdirLease> LogdirLease::try_acquire(const LeaseOptions& options,
+                                                      LostCallback on_lost, LeaseWatch& watch) {
   if (!(options.lease_secs >= 0) || !(options.heartbeat_secs >= 0)) {
     throw InvalidArgument("supervisor lock_lease_secs and its heartbeat must be >= 0, got " +
                           secs(options.lease_secs) + " and " + secs(options.heartbeat_secs));
@@ -206,14 +219,35 @@ std::unique_ptr<LogdirLease> LogdirLease::acquire(const LeaseOptions& options,
     if (previous) generation = previous->generation;
     if (::flock(old.fd, LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK) throw_errno("cannot lock the logdir", path.string(), errno);
+      // Held. Stale when its holder (by the lease it advertises) has not renewed for a whole
+      // lease: by the record's time, or unchanged for that long as watched from here (immune to
+      // clock skew, as Kubernetes' leader election judges a Lease).
+      const auto now = SteadyClock::now();
       const double age = previous ? wall_now() - previous->renewed : 0;
-      const bool stale = previous && options.lease_secs > 0 && age > options.lease_secs;
+      const bool renewed_since_watched =
+          previous && watch.seen &&
+          (watch.generation != previous->generation || watch.renewed != previous->renewed);
+      const double unchanged_for = previous && watch.seen && !renewed_since_watched
+                                       ? std::chrono::duration<double>(now - watch.since).count()
+                                       : 0;
+      const bool can_go_stale = previous && previous->lease_secs > 0;
+      const bool stale =
+          can_go_stale && (age > previous->lease_secs || unchanged_for > previous->lease_secs);
       if (!stale) {
+        if (can_go_stale && !renewed_since_watched) {
+          if (!watch.seen) {
+            watch.seen = true;
+            watch.generation = previous->generation;
+            watch.renewed = previous->renewed;
+            watch.since = now;
+          }
+          return nullptr;  // undecided: look again
+        }
         std::string renewed;
         if (previous) {
-          char buf[96];
-          std::snprintf(buf, sizeof buf, "; its lease was renewed %.1f s ago (lease %g s)", age,
-                        options.lease_secs);
+          char buf[128];
+          std::snprintf(buf, sizeof buf, "; it renewed its lease %.1f s ago (lease %g s)",
+                        std::max(age, 0.0), previous->lease_secs);
           renewed = buf;
         }
         throw AlreadyExists("logdir " + dir.string() + " is in use by another training process (" +
@@ -225,7 +259,8 @@ std::unique_ptr<LogdirLease> LogdirLease::acquire(const LeaseOptions& options,
                          "(frozen, cut off by a partition, or its node is gone)"
                       << kv("lock", path.string()) << kv("previous_holder", previous->holder)
                       << kv("previous_generation", previous->generation)
-                      << kv("renewed_secs_ago", age) << kv("lease_secs", options.lease_secs);
+                      << kv("renewed_secs_ago", age) << kv("watched_unchanged_secs", unchanged_for)
+                      << kv("lease_secs", previous->lease_secs);
     }
   }
 

@@ -136,7 +136,7 @@ TEST(LogdirLease, ALiveHolderIsNeverTakenOver) {
       FAIL() << "a live holder was taken over after " << refusals << " refusals";
     } catch (const AlreadyExists& e) {
       EXPECT_THAT(e.what(), HasSubstr("pid " + std::to_string(::getpid())));
-      EXPECT_THAT(e.what(), HasSubstr("lease was renewed"));
+      EXPECT_THAT(e.what(), HasSubstr("renewed its lease"));
       ++refusals;
     }
     std::this_thread::sleep_for(50ms);  // a contender's retry interval, not a synchronisation

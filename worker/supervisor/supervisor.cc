@@ -83,7 +83,7 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
   if (options_.is_chief) {
     // The lock first: the manager removes temp files, which may be another writer's.
     file::ensure_writable_directory(options_.logdir, "logdir");
-    lock_logdir();
+    lease_ = LogdirLease::acquire(lease_options(), on_lease_lost(), options_.start_up_cancelled);
     try {
       make_manager();
     } catch (...) {
@@ -97,13 +97,15 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
   }
 }
 
-void Supervisor::lock_logdir() {
+LeaseOptions Supervisor::lease_options() const {
+  return LeaseOptions{options_.logdir / kWriterLockFile, options_.lock_lease_secs,
+                      options_.lock_heartbeat_secs};
+}
+
+LogdirLease::LostCallback Supervisor::on_lease_lost() {
   // A loss (taken over after this process stopped renewing) stops the session with LeaseLost;
   // the fence keeps anything from being committed meanwhile.
-  lease_ =
-      LogdirLease::acquire(LeaseOptions{options_.logdir / kWriterLockFile, options_.lock_lease_secs,
-                                        options_.lock_heartbeat_secs},
-                           [this](std::exception_ptr error) { coord_.request_stop(error); });
+  return [this](std::exception_ptr error) { coord_.request_stop(error); };
 }
 
 std::function<void()> Supervisor::fence() {
@@ -126,11 +128,17 @@ std::optional<std::filesystem::path> Supervisor::commit_checkpoint_as_successor(
     throw FailedPrecondition("commit_checkpoint_as_successor is for non-chiefs");
   }
   if (!lease_) {
+    LeaseWatch watch;  // one look: a holder that has not gone stale yet counts as alive
     try {
-      lock_logdir();
+      lease_ = LogdirLease::try_acquire(lease_options(), on_lease_lost(), watch);
     } catch (const AlreadyExists& e) {
       LH_LOG(INFO) << "another process writes this logdir's checkpoints; not writing one"
                    << kv("why", e.what());
+      return std::nullopt;
+    }
+    if (!lease_) {
+      LH_LOG(INFO) << "another process holds this logdir's writer lock; not writing a checkpoint"
+                   << kv("lock", lease_options().path.string());
       return std::nullopt;
     }
   }
@@ -159,20 +167,25 @@ void Supervisor::promote_to_chief(TrainingState& state, std::chrono::millisecond
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + lock_wait;
   file::ensure_writable_directory(options_.logdir, "logdir");
+  LeaseWatch watch;
+  std::string held_by = "its holder has not let it go";
   while (!lease_) {
     try {
-      lock_logdir();
+      lease_ = LogdirLease::try_acquire(lease_options(), on_lease_lost(), watch);
     } catch (const AlreadyExists& e) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw Aborted("cannot take over as chief: " + std::string(e.what()) +
-                      ". The replica that was chief may still be alive (a network partition); "
-                      "exit 138 so the whole group restarts");
-      }
-      // The lost chief's process may still be exiting; its flock goes with it. One that lives
-      // on cut off (a partition) is taken over once its lease runs out.
-      if (coord_.wait_for_stop(std::chrono::milliseconds(50))) {
-        throw Cancelled("stop requested while taking over as chief");
-      }
+      held_by = e.what();
+      watch = LeaseWatch{};  // it renewed: watch it afresh (it may freeze from now on)
+    }
+    if (lease_) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Aborted("cannot take over as chief: " + held_by +
+                    ". The replica that was chief may still be alive (a network partition); "
+                    "exit 138 so the whole group restarts");
+    }
+    // The lost chief's process may still be exiting; its flock goes with it. One that lives
+    // on cut off (a partition) is taken over once its lease runs out.
+    if (coord_.wait_for_stop(std::chrono::milliseconds(50))) {
+      throw Cancelled("stop requested while taking over as chief");
     }
   }
   if (!manager_) make_manager();

@@ -602,7 +602,17 @@ RunResult run_training(const RunOptions& options) {
     };
   }
   if (stopped_during_start_up("creating the model")) return result;
-  supervisor::Supervisor sv(so);
+  // A chief may wait here for the logdir's writer lock (up to one lease, when its holder neither
+  // renews nor lets go); a signal ends that wait.
+  so.start_up_cancelled = [signals] { return signals != nullptr && signals->stop_requested(); };
+  std::unique_ptr<supervisor::Supervisor> supervisor;
+  try {
+    supervisor = std::make_unique<supervisor::Supervisor>(so);
+  } catch (const Cancelled&) {
+    if (stopped_during_start_up("waiting for the logdir's writer lock")) return result;
+    throw;
+  }
+  supervisor::Supervisor& sv = *supervisor;
   const SignalAttachment attachment(signals, sv);
   set_stop_check(trainer, sv, signals, config.grace_period_secs);
   sv.managed_session(trainer, [&](supervisor::Supervisor& session) {

@@ -12,15 +12,17 @@
 // Acquiring (acquire(); under `<lock>.acquire`, an flock held only while acquiring, so two
 // contenders never both take over): the lock is free when an flock on the current lock file
 // succeeds (its holder is gone: the kernel dropped the flock however the process died; this is
-// immediate, as before leases) or when its record was last renewed more than lease_secs ago by
-// this machine's clock (the holder is frozen, partitioned, or its node is gone while the shared
-// filesystem still keeps its flock: NFS, CephFS). The new holder then writes a new lock file
-// (temp file, flock, fsync, rename over the path, fsync the directory), so the old holder's
-// descriptor names an unlinked inode from then on and anything it still writes to it is
-// invisible. A stale holder is logged (WARNING, its record and how long ago it renewed). A live
-// holder, or a record that cannot be read (another version's lock file), is AlreadyExists naming
-// the holder. Clocks of the machines sharing a logdir must agree to well within lease_secs (NTP),
-// as Kubernetes Leases assume.
+// immediate, as before leases) or when its holder has not renewed for the lease_secs its record
+// advertises — by the record's time against this machine's clock, or as watched from here (the
+// record unchanged for that long) — the holder is frozen, partitioned, or its node is gone while
+// the shared filesystem still keeps its flock (NFS, CephFS). A contender that finds the lock held
+// waits for a verdict: a renewal (refused within a heartbeat) or staleness (taken over). The new
+// holder then writes a new lock file (temp file, flock, fsync, rename over the path, fsync the
+// directory), so the old holder's descriptor names an unlinked inode from then on and anything it
+// still writes to it is invisible. A stale holder is logged (WARNING, its record and how long ago
+// it renewed). A live holder, or a record that cannot be read (another version's lock file), is
+// AlreadyExists naming the holder. Clocks of the machines sharing a logdir must agree to well
+// within lease_secs (NTP), as Kubernetes Leases assume.
 //
 // Holding: a heartbeat thread renews the record every heartbeat_secs (default lease_secs / 6)
 // after checking that the path still names the inode this process holds. Losing it (the path
@@ -79,6 +81,14 @@ struct LeaseRecord {
   static std::optional<LeaseRecord> parse(std::string_view text);
 };
 
+// What a contender saw of a held lock at its first look (try_acquire keeps it up to date).
+struct LeaseWatch {
+  bool seen = false;
+  int64_t generation = 0;
+  double renewed = 0;
+  std::chrono::steady_clock::time_point since;
+};
+
 struct LeaseOptions {
   std::filesystem::path path;  // <logdir>/.writer.lock
   double lease_secs = 30;      // > 0; 0 disables takeovers
@@ -89,10 +99,19 @@ class LogdirLease {
  public:
   using LostCallback = std::function<void(std::exception_ptr)>;
 
-  // Takes the lease (see the top of this file), starts the heartbeat. Throws AlreadyExists
-  // naming the holder when a live process holds it, InvalidArgument for bad options, and
-  // errno-mapped errors naming the lock file.
-  static std::unique_ptr<LogdirLease> acquire(const LeaseOptions& options, LostCallback on_lost);
+  // Takes the lease (see the top of this file) and starts the heartbeat; when it is held, waits
+  // for a verdict: AlreadyExists naming the holder as soon as the holder renews (within one of
+  // its heartbeats, lease/6), or the lease once the holder has not renewed for the lease it
+  // advertises (by its record's time, or unchanged for that long as watched from here). A holder
+  // that cannot go stale (lease 0, or a lock file of an earlier version) is AlreadyExists at
+  // once. `cancelled` is polled while waiting: true ends the wait with Cancelled. Also throws
+  // InvalidArgument for bad options and errno-mapped errors naming the lock file.
+  static std::unique_ptr<LogdirLease> acquire(const LeaseOptions& options, LostCallback on_lost,
+                                              const std::function<bool()>& cancelled = {});
+  // One look: the lease; nullptr when the holder has neither renewed since `watch` was first
+  // filled in nor gone stale yet (call again with the same watch); AlreadyExists as acquire().
+  static std::unique_ptr<LogdirLease> try_acquire(const LeaseOptions& options, LostCallback on_lost,
+                                                  LeaseWatch& watch);
   ~LogdirLease();
   LogdirLease(const LogdirLease&) = delete;
   LogdirLease& operator=(const LogdirLease&) = delete;

@@ -118,6 +118,9 @@ struct SupervisorOptions {
   // lock_heartbeat_secs (0: lock_lease_secs / 6).
   double lock_lease_secs = 30;
   double lock_heartbeat_secs = 0;
+  // Polled while the chief's constructor waits for a verdict on a writer lock that another
+  // process holds (at most one lease): true ends the wait with Cancelled (a SIGTERM at start-up).
+  std::function<bool()> start_up_cancelled;
 
   // Pre-trained initialisation; called only when the logdir has no valid checkpoint.
   std::function<void(TrainingState&)> init_fn;
@@ -151,9 +154,10 @@ inline constexpr std::string_view kWriterLockFile = ".writer.lock";
 class Supervisor {
  public:
   // Validates options (InvalidArgument naming the option). On the chief, creates the logdir,
-  // checks it is writable, takes the writer lock (AlreadyExists naming the holder when another
-  // live process has it; a holder whose lease ran out is taken over, with a WARNING naming it),
-  // and removes temp files left by a crashed writer.
+  // checks it is writable, takes the writer lock, and removes temp files left by a crashed
+  // writer. A lock held by another process: AlreadyExists naming the holder as soon as it renews
+  // its lease (within one heartbeat); a holder that does not renew for its lease is taken over
+  // (a WARNING names it), so this waits at most one lease (Cancelled when start_up_cancelled).
   explicit Supervisor(SupervisorOptions options);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
@@ -254,7 +258,8 @@ class Supervisor {
   // The writer lock (chief, promoted chief, successor): released by the destructor. Its loss
   // requests a stop with LeaseLost. Set on the training thread only.
   std::unique_ptr<LogdirLease> lease_;
-  void lock_logdir();
+  LeaseOptions lease_options() const;
+  LogdirLease::LostCallback on_lease_lost();
   void make_manager();            // manager_ for a lock holder, fenced by lease_
   std::function<void()> fence();  // throws LeaseLost once the lock is lost
   int sessions_started_ = 0;      // training thread only
