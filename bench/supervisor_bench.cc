@@ -9,7 +9,9 @@
 //   * stall per checkpoint: how long the training thread is blocked (snapshot copy into a reused
 //     slot) when AsyncCheckpointer takes a checkpoint;
 //   * write time per checkpoint on the writer thread (CRC-32C + safetensors + fsync + rename +
-//     state file), and the equivalent throughput;
+//     state file), and the equivalent throughput; then, apart, the retention that follows the
+//     commit (deleting the oldest checkpoint: freeing a 1.5 GB file costs a filesystem tens to
+//     hundreds of ms, which the plain write, whose file is removed untimed, does not pay);
 //   * a plain sequential write + fsync of the same number of bytes to the same directory: the
 //     disk's ceiling. It alternates with the checkpoints (one before each), and both are reported
 //     as medians, so that a disk or a machine whose speed drifts during the run (shared cloud
@@ -194,7 +196,7 @@ int main(int argc, char** argv) {
     auto p0 = Clock::now();
     ckpt.preallocate(state.tensor_specs());  // what the supervisor does at session start
     const double prealloc = secs(p0, Clock::now());
-    std::vector<double> plains, stalls, writes, plain_cpus, write_cpus;
+    std::vector<double> plains, stalls, writes, retentions, plain_cpus, write_cpus;
     for (int i = 0; i < saves; ++i) {
       double cpu0 = cpu_seconds();
       plains.push_back(plain_write(dir / "plain.bin", state.bytes()));
@@ -208,6 +210,7 @@ int main(int argc, char** argv) {
       ckpt.wait_idle();
       write_cpus.push_back(cpu_seconds() - cpu0);
       writes.push_back(ckpt.last_stats()->write_seconds);
+      retentions.push_back(ckpt.last_stats()->retention_seconds);
     }
     ckpt.stop();
     coord.raise_requested_exception();
@@ -227,6 +230,8 @@ int main(int argc, char** argv) {
                            *std::min_element(plains.begin(), plains.end()))
                 .substr(0, 5) +
             " (fastest of each)");
+    row("retention after the commit, median", median(retentions), "s",
+        "deleting the oldest checkpoint (max_to_keep 2)");
     row("CPU time: plain write + fsync, median", median(plain_cpus), "s", "user + system");
     row("CPU time: checkpoint write, median", median(write_cpus), "s",
         "user + system; x" + std::to_string(median(write_cpus) / median(plain_cpus)).substr(0, 5) +

@@ -182,7 +182,9 @@ void CheckpointManager::load_state() {
   }
 }
 
-std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double wall_time) {
+std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double wall_time,
+                                              SaveTimes* times) {
+  const auto started = std::chrono::steady_clock::now();
   if (wall_time < 0) wall_time = now_seconds();
   auto path = file_for_step(snapshot.step);
   write_safetensors(path, snapshot, options_.fence);  // fsynced, fenced, renamed, dir fsynced
@@ -231,6 +233,7 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
   }
   // Delete only after the state file stopped naming them, and only our own files (load_state
   // keeps foreign ones out of the rotation; this is the last line of defence).
+  const auto committed = std::chrono::steady_clock::now();
   // A writer whose lease was taken over must not delete what the new writer's state file lists.
   if (!to_delete.empty() && options_.fence) options_.fence();
   std::error_code ec;
@@ -243,6 +246,11 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
     }
   }
   if (!to_delete.empty()) file::fsync_directory(options_.logdir);
+  if (times != nullptr) {
+    times->commit_seconds = std::chrono::duration<double>(committed - started).count();
+    times->retention_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - committed).count();
+  }
   return path;
 }
 
