@@ -111,22 +111,35 @@ constexpr uint64_t kParallelChecksumBytes = uint64_t{16} << 20;
 
 // The CRC-32C of every tensor, computed on a helper thread started by the constructor, so that a
 // checkpoint takes about max(checksums, copy into the file) rather than their sum: the checksum
-// (one read of the state from memory) was the writer's only work beyond the plain write's, 15-20%
-// of its time (bench/README.md). The thread only reads the tensors, which the caller keeps
-// unchanged until get() or the destructor, both of which join it (the destructor first asks it
-// to stop early: a write that failed does not wait for checksums nobody will use).
+// was the writer's only work beyond the plain write's, 15-20% of its time (bench/README.md). The
+// helper stays at most kChecksumLead pieces ahead of the writing thread (which reports each
+// piece it wrote and never waits for the helper before get()), so the piece the writer copies was
+// just read by the helper and is still in the shared cache: the state is read from memory about
+// once, as in a single-thread pass. The thread only reads the tensors, which the caller keeps
+// unchanged until get() or the destructor, both of which join it (the destructor first stops it
+// early: a write that failed does not wait for checksums nobody will use).
+constexpr int kChecksumLead = 4;
+
 class ChecksumThread {
  public:
   explicit ChecksumThread(std::span<const TensorView> tensors)
       : tensors_(tensors), crcs_(tensors.size(), 0), thread_([this] { run(); }) {}
   ~ChecksumThread() {
     cancelled_.store(true, std::memory_order_relaxed);
+    written_.fetch_add(1 << 30, std::memory_order_release);  // wakes a waiting helper
+    written_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
   ChecksumThread(const ChecksumThread&) = delete;
   ChecksumThread& operator=(const ChecksumThread&) = delete;
 
-  // Waits for the thread; one checksum per tensor, in order.
+  // The writing thread wrote one more piece (kChecksumPiece bytes, or a tensor's last piece).
+  void wrote_piece() {
+    written_.fetch_add(1, std::memory_order_release);
+    written_.notify_one();
+  }
+
+  // Waits for the thread; one checksum per tensor, in order. Every piece must have been reported.
   const std::vector<uint32_t>& get() {
     thread_.join();
     return crcs_;
@@ -134,10 +147,15 @@ class ChecksumThread {
 
  private:
   void run() {
+    int piece = 0;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const std::span<const std::byte> bytes = tensors_[i].bytes;
       uint32_t crc = 0;
-      for (size_t at = 0; at < bytes.size(); at += kChecksumPiece) {
+      for (size_t at = 0; at < bytes.size(); at += kChecksumPiece, ++piece) {
+        for (int written = written_.load(std::memory_order_acquire);
+             piece >= written + kChecksumLead; written = written_.load(std::memory_order_acquire)) {
+          written_.wait(written, std::memory_order_acquire);
+        }
         if (cancelled_.load(std::memory_order_relaxed)) return;
         crc = crc32c::extend(crc, bytes.data() + at, std::min(kChecksumPiece, bytes.size() - at));
       }
@@ -148,7 +166,8 @@ class ChecksumThread {
   const std::span<const TensorView> tensors_;
   std::vector<uint32_t> crcs_;  // written by the thread, read after join
   std::atomic<bool> cancelled_{false};
-  std::thread thread_;  // last: started once the fields above exist
+  std::atomic<int> written_{0};  // pieces the writing thread wrote
+  std::thread thread_;           // last: started once the fields above exist
 };
 
 void check_tensors(const std::filesystem::path& path, std::span<const TensorView> tensors) {
@@ -235,6 +254,7 @@ uint64_t write_safetensors(const std::filesystem::path& path, std::span<const Te
       const size_t n = std::min(kChecksumPiece, bytes.size() - at);
       if (!checksums) crc = crc32c::extend(crc, bytes.data() + at, n);
       out.write(bytes.data() + at, n);
+      if (checksums) checksums->wrote_piece();
     }
     crcs[i] = crc;
     pause_here_for_tests(path);
