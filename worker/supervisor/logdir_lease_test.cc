@@ -127,12 +127,14 @@ constexpr int kExitOtherError = 41;
 TEST(LogdirLease, ALiveHolderIsNeverTakenOver) {
   TempDir dir;
   ToyState state;
-  Supervisor holder(chief_options(dir.path(), /*lease=*/1.5, /*heartbeat=*/0.05));
-  const auto until = std::chrono::steady_clock::now() + 5s;  // more than three leases
+  // A lease of 2 s renewed every 50 ms: the holder's heartbeat would have to be starved of the
+  // CPU for 2 s to lapse, even on a loaded machine.
+  Supervisor holder(chief_options(dir.path(), /*lease=*/2, /*heartbeat=*/0.05));
+  const auto until = std::chrono::steady_clock::now() + 6500ms;  // more than three leases
   int refusals = 0;
   while (std::chrono::steady_clock::now() < until) {
     try {
-      Supervisor contender(chief_options(dir.path(), 1.5, 0.05));
+      Supervisor contender(chief_options(dir.path(), 2, 0.05));
       FAIL() << "a live holder was taken over after " << refusals << " refusals";
     } catch (const AlreadyExists& e) {
       EXPECT_THAT(e.what(), HasSubstr("pid " + std::to_string(::getpid())));
