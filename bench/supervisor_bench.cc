@@ -16,7 +16,11 @@
 //     disk's ceiling. It alternates with the checkpoints (one before each), and both are reported
 //     as medians, so that a disk or a machine whose speed drifts during the run (shared cloud
 //     disks do) affects both alike;
-//   * the CRC-32C of the whole state alone (part of the write time, overlapped with the I/O);
+//   * the CRC-32C of the whole state alone (computed beside the copy, on the writer's helper
+//   thread);
+//   * `sync:` the plain write and a synchronous save on the main thread, by that thread's CPU
+//     time: the critical path, which a loaded machine delays but does not add to (on tmpfs, the
+//     writer's own overhead);
 //   * events writer records/s (add_scalar + framing + buffered writes);
 //   * supervisor overhead per step with every service on (checkpoint service, summary service,
 //     step counter): step_boundary() when nothing is due, and add_scalar() per step.
