@@ -113,7 +113,9 @@ void AtomicFile::overwrite(uint64_t offset, std::string_view bytes) {
   }
 }
 
-void AtomicFile::commit() {
+void AtomicFile::commit() { commit(std::function<void()>()); }
+
+void AtomicFile::commit(const std::function<void()>& before_rename) {
   if (committed_) throw Internal("AtomicFile::commit called twice for " + path_.string());
   flush_buffer();
   if (::fsync(fd_) != 0) throw_errno("cannot fsync", temp_path_.string(), errno);
@@ -122,6 +124,7 @@ void AtomicFile::commit() {
     throw_errno("cannot close", temp_path_.string(), errno);
   }
   fd_ = -1;
+  if (before_rename) before_rename();
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     throw_errno("cannot rename " + temp_path_.string() + " to", path_.string(), errno);
   }
@@ -130,9 +133,14 @@ void AtomicFile::commit() {
 }
 
 void write_atomically(const std::filesystem::path& path, std::string_view contents) {
+  write_atomically(path, contents, std::function<void()>());
+}
+
+void write_atomically(const std::filesystem::path& path, std::string_view contents,
+                      const std::function<void()>& before_rename) {
   AtomicFile f(path);
   f.write(contents);
-  f.commit();
+  f.commit(before_rename);
 }
 
 int open_regular_file(const std::filesystem::path& path, std::string_view what, struct stat& st) {

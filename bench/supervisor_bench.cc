@@ -9,12 +9,18 @@
 //   * stall per checkpoint: how long the training thread is blocked (snapshot copy into a reused
 //     slot) when AsyncCheckpointer takes a checkpoint;
 //   * write time per checkpoint on the writer thread (CRC-32C + safetensors + fsync + rename +
-//     state file), and the equivalent throughput;
+//     state file), and the equivalent throughput; then, apart, the retention that follows the
+//     commit (deleting the oldest checkpoint: freeing a 1.5 GB file costs a filesystem tens to
+//     hundreds of ms, which the plain write, whose file is removed untimed, does not pay);
 //   * a plain sequential write + fsync of the same number of bytes to the same directory: the
 //     disk's ceiling. It alternates with the checkpoints (one before each), and both are reported
 //     as medians, so that a disk or a machine whose speed drifts during the run (shared cloud
 //     disks do) affects both alike;
-//   * the CRC-32C of the whole state alone (part of the write time, overlapped with the I/O);
+//   * the CRC-32C of the whole state alone (computed beside the copy, on the writer's helper
+//   thread);
+//   * `sync:` the plain write and a synchronous save on the main thread, by that thread's CPU
+//     time: the critical path, which a loaded machine delays but does not add to (on tmpfs, the
+//     writer's own overhead);
 //   * events writer records/s (add_scalar + framing + buffered writes);
 //   * supervisor overhead per step with every service on (checkpoint service, summary service,
 //     step counter): step_boundary() when nothing is due, and add_scalar() per step.
@@ -52,6 +58,14 @@ double cpu_seconds() {
   ::getrusage(RUSAGE_SELF, &u);
   auto s = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
   return s(u.ru_utime) + s(u.ru_stime);
+}
+
+// CPU time of the calling thread: the work on a write's critical path, which other jobs on a
+// shared machine delay but do not add to (a helper thread's work is not counted).
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 double secs(Clock::time_point a, Clock::time_point b) {
@@ -123,9 +137,7 @@ double plain_write(const std::filesystem::path& path, uint64_t bytes) {
   }
   ::fsync(fd);
   ::close(fd);
-  double s = secs(t0, Clock::now());
-  std::filesystem::remove(path);
-  return s;
+  return secs(t0, Clock::now());  // the caller removes the file, untimed
 }
 
 void row(const char* what, double value, const char* unit, const std::string& note = "") {
@@ -194,11 +206,12 @@ int main(int argc, char** argv) {
     auto p0 = Clock::now();
     ckpt.preallocate(state.tensor_specs());  // what the supervisor does at session start
     const double prealloc = secs(p0, Clock::now());
-    std::vector<double> plains, stalls, writes, plain_cpus, write_cpus;
+    std::vector<double> plains, stalls, writes, retentions, plain_cpus, write_cpus;
     for (int i = 0; i < saves; ++i) {
       double cpu0 = cpu_seconds();
       plains.push_back(plain_write(dir / "plain.bin", state.bytes()));
       plain_cpus.push_back(cpu_seconds() - cpu0);
+      std::filesystem::remove(dir / "plain.bin");
       state.step();
       auto t0 = Clock::now();
       ckpt.request([&](sup::Snapshot& s) { state.snapshot(s); },
@@ -208,6 +221,7 @@ int main(int argc, char** argv) {
       ckpt.wait_idle();
       write_cpus.push_back(cpu_seconds() - cpu0);
       writes.push_back(ckpt.last_stats()->write_seconds);
+      retentions.push_back(ckpt.last_stats()->retention_seconds);
     }
     ckpt.stop();
     coord.raise_requested_exception();
@@ -227,6 +241,8 @@ int main(int argc, char** argv) {
                            *std::min_element(plains.begin(), plains.end()))
                 .substr(0, 5) +
             " (fastest of each)");
+    row("retention after the commit, median", median(retentions), "s",
+        "deleting the oldest checkpoint (max_to_keep 2)");
     row("CPU time: plain write + fsync, median", median(plain_cpus), "s", "user + system");
     row("CPU time: checkpoint write, median", median(write_cpus), "s",
         "user + system; x" + std::to_string(median(write_cpus) / median(plain_cpus)).substr(0, 5) +
@@ -241,6 +257,38 @@ int main(int argc, char** argv) {
     auto reader = manager.latest_valid();
     row("latest_valid (open + verify every CRC)", secs(t0, Clock::now()), "s",
         reader ? "ok (the writer dropped its pages: read from disk)" : "FAILED");
+  }
+
+  // 2b. The same two writes on this thread, synchronously, by the CPU time of this thread: the
+  //     work on each write's critical path, which a loaded machine delays (wall time) but does
+  //     not add to. On tmpfs, where the "disk" is that work, this is the writer's own overhead.
+  //     The checkpoint's helper thread (its checksums, in parallel) is not counted; retention is
+  //     off (max_to_keep 0) and every file is removed untimed.
+  {
+    sup::CheckpointManager manager({dir / "sync", "model.ckpt", 0, 0});
+    sup::Snapshot snapshot;
+    state.snapshot(snapshot);
+    std::vector<double> plain_cpu, save_cpu, plain_wall, save_wall;
+    for (int i = 0; i < saves; ++i) {
+      double c0 = thread_cpu_seconds();
+      plain_wall.push_back(plain_write(dir / "plain.bin", state.bytes()));
+      plain_cpu.push_back(thread_cpu_seconds() - c0);
+      std::filesystem::remove(dir / "plain.bin");
+      snapshot.step = 1000 + i;
+      c0 = thread_cpu_seconds();
+      auto t0 = Clock::now();
+      const auto file = manager.save(snapshot);
+      save_wall.push_back(secs(t0, Clock::now()));
+      save_cpu.push_back(thread_cpu_seconds() - c0);
+      std::filesystem::remove(file);
+    }
+    row("sync: plain write, thread CPU, median", median(plain_cpu), "s",
+        "wall median " + std::to_string(median(plain_wall)).substr(0, 5) + " s");
+    row("sync: checkpoint save, thread CPU, median", median(save_cpu), "s",
+        "wall median " + std::to_string(median(save_wall)).substr(0, 5) + " s");
+    row("sync: checkpoint / plain, thread CPU", median(save_cpu) / median(plain_cpu), "x",
+        "plain / checkpoint throughput: " +
+            std::to_string(median(plain_cpu) / median(save_cpu)).substr(0, 5));
   }
 
   // 3. Events writer.

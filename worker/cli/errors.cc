@@ -5,6 +5,7 @@
 #include "exit_codes.h"
 #include "longhaul/base/error.h"
 #include "longhaul/base/log.h"
+#include "longhaul/supervisor/logdir_lease.h"
 #include "longhaul/trainer/trainer.h"
 
 namespace longhaul::cli {
@@ -22,6 +23,10 @@ int report_error(std::exception_ptr error) {
   } catch (const trainer::NumericalError& e) {
     code = kExitNumerical;
     kind = "numerical fault";
+    message = e.what();
+  } catch (const supervisor::LeaseLost& e) {  // an Aborted, told apart
+    code = kExitLeaseLost;
+    kind = "writer lock lost";
     message = e.what();
   } catch (const trainer::CheckpointError& e) {
     code = kExitBadCheckpoint;

@@ -20,6 +20,10 @@
 //   138  aborted, nothing new committed: a peer was lost or a collective failed (retry the whole
 //        group), the grace period after a signal ran out, a second signal arrived while
 //        stopping, or the final checkpoint could not be written (retry)
+//   140  the chief lost the logdir's writer lock: it stopped renewing its lease for
+//        supervisor.lock_lease_secs (frozen, cut off by a partition) and a newer chief took the
+//        logdir over; it committed nothing after the loss (retryable: a restarted replica joins
+//        the newer chief's run)
 //   143  stopped by SIGTERM (preemption) after the final checkpoint was committed
 //
 // A corrupt or truncated LATEST checkpoint is not an error: training falls back to the previous
@@ -38,6 +42,7 @@ inline constexpr int kExitBadCheckpoint = 4;
 inline constexpr int kExitNumerical = 5;
 inline constexpr int kExitInterrupted = 130;
 inline constexpr int kExitAborted = 138;
+inline constexpr int kExitLeaseLost = 140;
 inline constexpr int kExitTerminated = 143;
 
 // Logs the error (one ERROR line with its kind and message) and returns its exit code.

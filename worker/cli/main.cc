@@ -248,7 +248,8 @@ int main(int argc, char** argv) {
       "longhaul-worker: GPT-2 training that survives crashes, preemptions and restarts.\n"
       "Exit codes: 0 finished, 1 other error, 2 bad usage/config, 3 bad data,\n"
       "4 incompatible/corrupt checkpoint, 5 numerical fault (NaN/Inf or loss spike),\n"
-      "129 SIGHUP, 130 SIGINT, 138 aborted (retry; nothing new committed), 143 SIGTERM.",
+      "129 SIGHUP, 130 SIGINT, 138 aborted (retry; nothing new committed),\n"
+      "140 logdir lock taken over by a newer chief (nothing committed after), 143 SIGTERM.",
       "longhaul-worker"};
   app.set_version_flag("--version", "longhaul-worker " + version_string());
   app.require_subcommand(1);

@@ -83,13 +83,14 @@ void AsyncCheckpointer::run() {
       writing_ = slot;
     }
     Slot& s = slots_[slot];
-    auto start = SteadyClock::now();
     std::optional<CheckpointStats> stats;
     try {
       CheckpointStats st;
       st.step = s.snapshot.step;
-      st.file = manager_.save(s.snapshot);
-      st.write_seconds = seconds_since(start);
+      SaveTimes times;
+      st.file = manager_.save(s.snapshot, -1, &times);
+      st.write_seconds = times.commit_seconds;
+      st.retention_seconds = times.retention_seconds;
       st.stall_seconds = s.stall_seconds;
       std::error_code ec;
       st.bytes = std::filesystem::file_size(st.file, ec);
@@ -99,6 +100,7 @@ void AsyncCheckpointer::run() {
       stats = st;
       LH_LOG(INFO) << "checkpoint saved" << kv("step", st.step) << kv("path", st.file.string())
                    << kv("bytes", st.bytes) << kv("write_seconds", st.write_seconds)
+                   << kv("retention_seconds", st.retention_seconds)
                    << kv("stall_seconds", st.stall_seconds);
       if (on_saved_) on_saved_(st);
       for (auto* l : listeners_) l->on_saved(st);

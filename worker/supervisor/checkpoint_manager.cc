@@ -182,10 +182,12 @@ void CheckpointManager::load_state() {
   }
 }
 
-std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double wall_time) {
+std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double wall_time,
+                                              SaveTimes* times) {
+  const auto started = std::chrono::steady_clock::now();
   if (wall_time < 0) wall_time = now_seconds();
   auto path = file_for_step(snapshot.step);
-  write_safetensors(path, snapshot);  // committed: fsynced, renamed, directory fsynced
+  write_safetensors(path, snapshot, options_.fence);  // fsynced, fenced, renamed, dir fsynced
 
   // The new list is worked out on a copy and published only once the state file naming it is
   // committed: readers see the previous list meanwhile, and keep it if the write fails.
@@ -219,9 +221,10 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
   }
   const CheckpointState state = state_of(entries, last_preserved);
   if (options_.state_writer) {
+    if (options_.fence) options_.fence();
     options_.state_writer(options_.logdir, state);
   } else {
-    write_checkpoint_state(options_.logdir, state);
+    write_checkpoint_state(options_.logdir, state, options_.fence);
   }
   {
     MutexLock lock(mu_);
@@ -230,6 +233,9 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
   }
   // Delete only after the state file stopped naming them, and only our own files (load_state
   // keeps foreign ones out of the rotation; this is the last line of defence).
+  const auto committed = std::chrono::steady_clock::now();
+  // A writer whose lease was taken over must not delete what the new writer's state file lists.
+  if (!to_delete.empty() && options_.fence) options_.fence();
   std::error_code ec;
   for (const auto& f : to_delete) {
     if (f == path || !owns(f)) continue;
@@ -240,6 +246,11 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
     }
   }
   if (!to_delete.empty()) file::fsync_directory(options_.logdir);
+  if (times != nullptr) {
+    times->commit_seconds = std::chrono::duration<double>(committed - started).count();
+    times->retention_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - committed).count();
+  }
   return path;
 }
 

@@ -192,8 +192,9 @@ std::optional<CheckpointState> read_checkpoint_state(const std::filesystem::path
   return CheckpointState::parse(text, path.string());
 }
 
-void write_checkpoint_state(const std::filesystem::path& logdir, const CheckpointState& state) {
-  file::write_atomically(logdir / kCheckpointStateFile, state.to_text());
+void write_checkpoint_state(const std::filesystem::path& logdir, const CheckpointState& state,
+                            const std::function<void()>& before_rename) {
+  file::write_atomically(logdir / kCheckpointStateFile, state.to_text(), before_rename);
 }
 
 std::filesystem::path checkpoint_file_for(const std::filesystem::path& logdir,

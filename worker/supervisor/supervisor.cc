@@ -1,13 +1,8 @@
 #include "longhaul/supervisor/supervisor.h"
 
 #include <chrono>
-#include <ctime>
 #include <thread>
 #include <utility>
-
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
 
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
@@ -61,22 +56,6 @@ RestoredCheckpoint describe_restored(const CheckpointManager& manager,
   return r;
 }
 
-std::string boot_id() {
-  try {
-    std::string id = file::read_file("/proc/sys/kernel/random/boot_id", 4096);
-    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
-    return id;
-  } catch (const Error&) {
-    return "unknown";
-  }
-}
-
-std::string this_host() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
 void check_secs(double v, const char* name) {
   if (!(v >= 0)) {
     throw InvalidArgument(std::string("supervisor option ") + name +
@@ -98,18 +77,17 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
   check_secs(options_.max_wait_secs, "max_wait_secs");
   check_secs(options_.keep_checkpoint_every_n_hours, "keep_checkpoint_every_n_hours");
   check_secs(options_.events_flush_secs, "events_flush_secs");
+  check_secs(options_.lock_lease_secs, "lock_lease_secs");
+  check_secs(options_.lock_heartbeat_secs, "lock_heartbeat_secs");
   if (options_.max_to_keep < 0) throw InvalidArgument("supervisor option max_to_keep must be >= 0");
   if (options_.is_chief) {
     // The lock first: the manager removes temp files, which may be another writer's.
     file::ensure_writable_directory(options_.logdir, "logdir");
-    lock_logdir();
+    lease_ = LogdirLease::acquire(lease_options(), on_lease_lost(), options_.start_up_cancelled);
     try {
-      manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
-          options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
-          options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
+      make_manager();
     } catch (...) {
-      ::close(lock_fd_);  // the destructor does not run for a constructor that throws
-      lock_fd_ = -1;
+      lease_.reset();  // the destructor does not run for a constructor that throws
       throw;
     }
     // A marker from an earlier run must not tell non-chiefs the model is ready before this
@@ -119,36 +97,29 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
   }
 }
 
-void Supervisor::lock_logdir() {
-  const auto path = options_.logdir / kWriterLockFile;
-  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (lock_fd_ < 0) throw_errno("cannot open the logdir lock", path.string(), errno);
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int e = errno;
-    std::string holder;
-    try {
-      holder = file::read_file(path, 4096);
-    } catch (const Error&) {
-    }
-    while (!holder.empty() && holder.back() == '\n') holder.pop_back();
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-    if (e != EWOULDBLOCK) throw_errno("cannot lock the logdir", path.string(), e);
-    throw AlreadyExists("logdir " + options_.logdir.string() +
-                        " is in use by another training process (" +
-                        (holder.empty() ? std::string("holder unknown") : holder) +
-                        "); two writers would overwrite each other's checkpoints. Stop that "
-                        "process, or give this run another --logdir");
-  }
-  // The holder, for the message a second writer gets (and for people reading the logdir). The
-  // lock itself is the flock: the kernel drops it when this process dies, however it dies.
-  const std::string me = "host " + this_host() + ", pid " + std::to_string(::getpid()) +
-                         ", boot_id " + boot_id() + ", since " +
-                         std::to_string(static_cast<int64_t>(::time(nullptr)));
-  if (::ftruncate(lock_fd_, 0) == 0) {
-    ssize_t n = ::pwrite(lock_fd_, me.data(), me.size(), 0);
-    (void)n;
-  }
+LeaseOptions Supervisor::lease_options() const {
+  return LeaseOptions{options_.logdir / kWriterLockFile, options_.lock_lease_secs,
+                      options_.lock_heartbeat_secs};
+}
+
+LogdirLease::LostCallback Supervisor::on_lease_lost() {
+  // A loss (taken over after this process stopped renewing) stops the session with LeaseLost;
+  // the fence keeps anything from being committed meanwhile.
+  return [this](std::exception_ptr error) { coord_.request_stop(error); };
+}
+
+std::function<void()> Supervisor::fence() {
+  LogdirLease* lease = lease_.get();
+  return [lease] {
+    if (lease != nullptr) lease->check_held();
+  };
+}
+
+void Supervisor::make_manager() {
+  CheckpointManagerOptions o{options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
+                             options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true};
+  o.fence = fence();
+  manager_ = std::make_unique<CheckpointManager>(std::move(o));
 }
 
 std::optional<std::filesystem::path> Supervisor::commit_checkpoint_as_successor(
@@ -156,20 +127,22 @@ std::optional<std::filesystem::path> Supervisor::commit_checkpoint_as_successor(
   if (options_.is_chief) {
     throw FailedPrecondition("commit_checkpoint_as_successor is for non-chiefs");
   }
-  if (lock_fd_ < 0) {
+  if (!lease_) {
+    LeaseWatch watch;  // one look: a holder that has not gone stale yet counts as alive
     try {
-      lock_logdir();
+      lease_ = LogdirLease::try_acquire(lease_options(), on_lease_lost(), watch);
     } catch (const AlreadyExists& e) {
       LH_LOG(INFO) << "another process writes this logdir's checkpoints; not writing one"
                    << kv("why", e.what());
       return std::nullopt;
     }
+    if (!lease_) {
+      LH_LOG(INFO) << "another process holds this logdir's writer lock; not writing a checkpoint"
+                   << kv("lock", lease_options().path.string());
+      return std::nullopt;
+    }
   }
-  if (!manager_) {
-    manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
-        options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
-        options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
-  }
+  if (!manager_) make_manager();
   const int64_t step = state.global_step();
   for (const CheckpointEntry& e : manager_->checkpoints()) {
     if (e.step >= step) {
@@ -194,26 +167,28 @@ void Supervisor::promote_to_chief(TrainingState& state, std::chrono::millisecond
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + lock_wait;
   file::ensure_writable_directory(options_.logdir, "logdir");
-  while (lock_fd_ < 0) {
+  LeaseWatch watch;
+  std::string held_by = "its holder has not let it go";
+  while (!lease_) {
     try {
-      lock_logdir();
+      lease_ = LogdirLease::try_acquire(lease_options(), on_lease_lost(), watch);
     } catch (const AlreadyExists& e) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw Aborted("cannot take over as chief: " + std::string(e.what()) +
-                      ". The replica that was chief may still be alive (a network partition); "
-                      "exit 138 so the whole group restarts");
-      }
-      // The lost chief's process may still be exiting; its flock goes with it.
-      if (coord_.wait_for_stop(std::chrono::milliseconds(50))) {
-        throw Cancelled("stop requested while taking over as chief");
-      }
+      held_by = e.what();
+      watch = LeaseWatch{};  // it renewed: watch it afresh (it may freeze from now on)
+    }
+    if (lease_) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Aborted("cannot take over as chief: " + held_by +
+                    ". The replica that was chief may still be alive (a network partition); "
+                    "exit 138 so the whole group restarts");
+    }
+    // The lost chief's process may still be exiting; its flock goes with it. One that lives
+    // on cut off (a partition) is taken over once its lease runs out.
+    if (coord_.wait_for_stop(std::chrono::milliseconds(50))) {
+      throw Cancelled("stop requested while taking over as chief");
     }
   }
-  if (!manager_) {
-    manager_ = std::make_unique<CheckpointManager>(CheckpointManagerOptions{
-        options_.logdir, options_.checkpoint_basename, options_.max_to_keep,
-        options_.keep_checkpoint_every_n_hours, /*remove_temp_files=*/true});
-  }
+  if (!manager_) make_manager();
   options_.is_chief = true;
   session_start_checkpoint_ = -1;
   std::optional<CheckpointEntry> latest;
@@ -249,7 +224,7 @@ Supervisor::~Supervisor() {
     MutexLock lock(events_mu_);
     events_.reset();
   }
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  lease_.reset();  // stops and joins the heartbeat, releases the flock
 }
 
 std::filesystem::path Supervisor::events_file() const {
@@ -276,7 +251,7 @@ void Supervisor::prepare_chief(TrainingState& state) {
     if (options_.local_init_fn) options_.local_init_fn(state);
     check_ready(state, "receiving the state from the running replicas");
     file::write_atomically(options_.logdir / kChiefReadyFile,
-                           "step: " + std::to_string(state.global_step()) + "\n");
+                           "step: " + std::to_string(state.global_step()) + "\n", fence());
     return;
   }
   std::vector<std::filesystem::path> skipped;
@@ -308,7 +283,7 @@ void Supervisor::prepare_chief(TrainingState& state) {
   if (options_.local_init_fn) options_.local_init_fn(state);
   check_ready(state, reader ? "restoring " + reader->path() : std::string("initialisation"));
   file::write_atomically(options_.logdir / kChiefReadyFile,
-                         "step: " + std::to_string(state.global_step()) + "\n");
+                         "step: " + std::to_string(state.global_step()) + "\n", fence());
 }
 
 void Supervisor::prepare_non_chief(TrainingState& state) {
@@ -528,6 +503,12 @@ void Supervisor::managed_session(TrainingState& state,
   }
   // 5. Final checkpoint on a clean end or a clean stop, on the training thread.
   finish_session(state, is_clean(body_error) && is_clean(coord_.error()));
+  // A lost writer lock wins over everything: this process was taken over and must say so (the
+  // worker exits 140), whatever else stopped the session.
+  if (lease_ && lease_->lost()) {
+    final_checkpoint_error_ = nullptr;
+    lease_->check_held();  // throws the LeaseLost
+  }
   // A final checkpoint that did not commit wins over a clean stop: the caller must not report
   // "committed" (the worker exits 138 instead of 143).
   if (final_checkpoint_error_) std::rethrow_exception(std::exchange(final_checkpoint_error_, {}));
@@ -549,6 +530,8 @@ void Supervisor::managed_session(TrainingState& state,
 }
 
 void Supervisor::finish_session(TrainingState& state, bool clean_end) {
+  const bool lease_lost = lease_ && lease_->lost();
+  if (lease_lost) clean_end = false;  // nothing more is written: no final checkpoint
   if (options_.is_chief && checkpointer_ && clean_end && options_.checkpoint_on_stop &&
       last_saved_step_.load() != state.global_step()) {
     try {
@@ -588,7 +571,11 @@ void Supervisor::finish_session(TrainingState& state, bool clean_end) {
     MutexLock lock(events_mu_);
     events.swap(events_);
   }
-  if (events) {
+  if (events && lease_ && lease_->lost()) {
+    // The newer chief's events file carries on from its own START; no STOP from this one.
+    LH_LOG(WARNING) << "writer lock lost: the events file ends without a SessionLog STOP"
+                    << kv("file", events->path().string());
+  } else if (events) {
     try {
       events->add_session_log(tensorboard::SessionLog::STOP, state.global_step());
       events->close();

@@ -311,6 +311,9 @@ const std::vector<Field>& schema() {
         "supervisor.regroup_timeout_secs",
         [](WorkerConfig & c) -> auto& { return c.supervisor.regroup_timeout_secs; }, 0, kMaxSecs,
         true));
+    f.push_back(double_field(
+        "supervisor.lock_lease_secs",
+        [](WorkerConfig & c) -> auto& { return c.supervisor.lock_lease_secs; }, 0, kMaxSecs));
     f.push_back(bool_field(
         "cuda.self_check", [](WorkerConfig & c) -> auto& { return c.cuda.self_check; }));
     f.push_back(string_field(

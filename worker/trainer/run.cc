@@ -255,6 +255,7 @@ supervisor::SupervisorOptions supervisor_options(const RunOptions& options, bool
   so.save_summaries_secs = config.summaries.save_summaries_secs;
   so.recovery_wait_secs = config.supervisor.recovery_wait_secs;
   so.max_wait_secs = config.supervisor.max_wait_secs;
+  so.lock_lease_secs = config.supervisor.lock_lease_secs;
   so.stop_grace_secs = std::min(config.supervisor.stop_grace_secs, config.grace_period_secs);
   so.max_to_keep = config.checkpoint.max_to_keep;
   so.keep_checkpoint_every_n_hours = config.checkpoint.keep_checkpoint_every_n_hours;
@@ -606,7 +607,17 @@ RunResult run_training(const RunOptions& options) {
     };
   }
   if (stopped_during_start_up("creating the model")) return result;
-  supervisor::Supervisor sv(so);
+  // A chief may wait here for the logdir's writer lock (up to one lease, when its holder neither
+  // renews nor lets go); a signal ends that wait.
+  so.start_up_cancelled = [signals] { return signals != nullptr && signals->stop_requested(); };
+  std::unique_ptr<supervisor::Supervisor> supervisor;
+  try {
+    supervisor = std::make_unique<supervisor::Supervisor>(so);
+  } catch (const Cancelled&) {
+    if (stopped_during_start_up("waiting for the logdir's writer lock")) return result;
+    throw;
+  }
+  supervisor::Supervisor& sv = *supervisor;
   const SignalAttachment attachment(signals, sv);
   set_stop_check(trainer, sv, signals, config.grace_period_secs);
   sv.managed_session(trainer, [&](supervisor::Supervisor& session) {

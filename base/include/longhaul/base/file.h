@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -47,6 +48,10 @@ class AtomicFile {
 
   // fsync + rename + fsync(dir). After it returns, <path> holds exactly what was written.
   void commit();
+  // The same, with `before_rename` called after the fsync, just before the rename: a fence (the
+  // logdir lease, supervisor/logdir_lease.h) that throws when this writer may no longer replace
+  // <path>. When it throws, nothing was renamed and the temp file is removed with the object.
+  void commit(const std::function<void()>& before_rename);
 
   const std::filesystem::path& path() const { return path_; }
   const std::filesystem::path& temp_path() const { return temp_path_; }
@@ -68,6 +73,9 @@ class AtomicFile {
 
 // Writes `contents` to `path` with the AtomicFile protocol.
 void write_atomically(const std::filesystem::path& path, std::string_view contents);
+// The same, with a fence called just before the rename (AtomicFile::commit(before_rename)).
+void write_atomically(const std::filesystem::path& path, std::string_view contents,
+                      const std::function<void()>& before_rename);
 
 // Reads a whole regular file of at most `max_bytes`. Throws NotFound / PermissionDenied naming
 // the file, and InvalidArgument naming it when it is not a regular file (a FIFO, a device such as

@@ -27,10 +27,11 @@ class Coordinator;
 struct CheckpointStats {
   int64_t step = 0;
   std::filesystem::path file;
-  double wall_time = 0;      // when the write finished, seconds since the epoch
-  double write_seconds = 0;  // writer thread: serialise + fsync + rename + state file
-  double stall_seconds = 0;  // training thread blocked: waiting for a slot + snapshot copy
-  uint64_t bytes = 0;        // file size
+  double wall_time = 0;          // when the write finished, seconds since the epoch
+  double write_seconds = 0;      // writer thread: serialise + fsync + rename + state file
+  double retention_seconds = 0;  // writer thread, after the commit: deleting old checkpoints
+  double stall_seconds = 0;      // training thread blocked: waiting for a slot + snapshot copy
+  uint64_t bytes = 0;            // file size
 };
 
 // The checkpoint a session started from. Reported to listeners on the training thread, so that a

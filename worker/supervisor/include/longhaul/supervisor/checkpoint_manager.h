@@ -55,6 +55,18 @@ struct CheckpointManagerOptions {
   // write_checkpoint_state. Tests hold a save inside its state file sync with it.
   std::function<void(const std::filesystem::path& logdir, const CheckpointState& state)>
       state_writer;
+  // Fencing (the writer's logdir lease, logdir_lease.h): when set, save() calls it just before
+  // each step that changes what other processes see — the checkpoint's rename, the state file's
+  // rewrite (before its rename; before state_writer when that is set) and retention's deletions —
+  // and it throws (LeaseLost) when this process may no longer write the logdir. save() then stops
+  // with nothing more renamed or deleted, and the temp file is removed.
+  std::function<void()> fence;
+};
+
+// Where a save's time went (save()'s optional out-parameter).
+struct SaveTimes {
+  double commit_seconds = 0;     // the checkpoint and the state file naming it, both committed
+  double retention_seconds = 0;  // then: deleting the checkpoints retention dropped
 };
 
 // One checkpoint listed in the state file.
@@ -76,8 +88,10 @@ class CheckpointManager {
   // file, then applies retention. Returns the checkpoint file. `wall_time` is its timestamp
   // (seconds since the epoch; now when negative). latest()/checkpoints()/state() list it once
   // the state file naming it is committed. Throws on I/O errors; the state file, and latest(),
-  // then still name the previous checkpoint.
-  std::filesystem::path save(const Snapshot& snapshot, double wall_time = -1);
+  // then still name the previous checkpoint. `times`, when given, receives the commit time and
+  // the retention time after it (freeing a large file costs the filesystem time of its own).
+  std::filesystem::path save(const Snapshot& snapshot, double wall_time = -1,
+                             SaveTimes* times = nullptr);
 
   // The file the state names as latest (not verified), or nullopt.
   std::optional<std::filesystem::path> latest() const;

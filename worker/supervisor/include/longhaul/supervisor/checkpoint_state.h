@@ -18,6 +18,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,8 +46,10 @@ struct CheckpointState {
 
 // Reads `<logdir>/checkpoint`: nullopt when absent; DataLoss when garbled.
 std::optional<CheckpointState> read_checkpoint_state(const std::filesystem::path& logdir);
-// Writes `<logdir>/checkpoint` with the AtomicFile protocol.
-void write_checkpoint_state(const std::filesystem::path& logdir, const CheckpointState& state);
+// Writes `<logdir>/checkpoint` with the AtomicFile protocol; `before_rename`, when set, is called
+// just before the rename (a fence that throws when this writer may no longer commit).
+void write_checkpoint_state(const std::filesystem::path& logdir, const CheckpointState& state,
+                            const std::function<void()>& before_rename = {});
 
 // "model.ckpt-1234" -> <logdir>/model.ckpt-1234.safetensors (see above).
 std::filesystem::path checkpoint_file_for(const std::filesystem::path& logdir,

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -53,11 +54,14 @@ struct TensorView {
 // Writes `tensors` (in the given order) with `metadata` to `path` through file::AtomicFile:
 // temp file, fsync, rename, fsync dir. Adds the crc32c and format keys to the metadata.
 // Returns the file size. Throws InvalidArgument for a size mismatch or duplicate name (naming
-// the tensor), errno-mapped errors for I/O.
+// the tensor), errno-mapped errors for I/O. `before_rename`, when set, is called after the fsync
+// and just before the rename (a fence: what it throws propagates, and nothing is renamed).
 uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
-                           const std::map<std::string, std::string>& metadata);
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<void()>& before_rename = {});
 // Writes a whole Snapshot; adds `__metadata__["global_step"]` = snapshot.step.
-uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& snapshot);
+uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& snapshot,
+                           const std::function<void()>& before_rename = {});
 
 // A memory-mapped, validated safetensors file. The constructor checks the whole structure
 // (header length, JSON, dtypes, shapes, offsets: contiguous, no gaps, no overlap, covering the

@@ -48,6 +48,8 @@
 //   7. re-raise the first error, unless it was a clean stop (OutOfRange, Cancelled). After a
 //      clean end whose final checkpoint did not commit (disk full during the SIGTERM save),
 //      throw Aborted saying so and naming the latest committed checkpoint: never a clean end.
+//      A chief whose writer lock was taken over (its lease ran out) throws LeaseLost whatever
+//      else happened: it wrote nothing after the loss (no final checkpoint, no SessionLog STOP).
 // On a non-chief: wait until the chief has initialised or restored the model (the logdir holds
 // a checkpoint state file or the `chief.ready` marker the chief writes after step 2), polling
 // within tens of milliseconds at first and never less often than every recovery_wait_secs
@@ -85,6 +87,7 @@
 #include "longhaul/supervisor/async_checkpointer.h"
 #include "longhaul/supervisor/coordinator.h"
 #include "longhaul/supervisor/events.h"
+#include "longhaul/supervisor/logdir_lease.h"
 #include "longhaul/supervisor/training_state.h"
 
 namespace longhaul::supervisor {
@@ -109,6 +112,15 @@ struct SupervisorOptions {
   bool write_events = true;        // false: no events file at all (TF's summary_writer=None)
   bool checkpoint_on_stop = true;  // final checkpoint on a normal end or a clean stop
   double events_flush_secs = 10;   // events file background flush interval
+  // The writer lock's lease (logdir_lease.h): a chief that has not renewed it for this long
+  // (frozen, partitioned, its node gone while a shared filesystem keeps its flock) is taken over
+  // by the next chief; 0: never (only once its flock is released). The heartbeat runs every
+  // lock_heartbeat_secs (0: lock_lease_secs / 6).
+  double lock_lease_secs = 30;
+  double lock_heartbeat_secs = 0;
+  // Polled while the chief's constructor waits for a verdict on a writer lock that another
+  // process holds (at most one lease): true ends the wait with Cancelled (a SIGTERM at start-up).
+  std::function<bool()> start_up_cancelled;
 
   // Pre-trained initialisation; called only when the logdir has no valid checkpoint.
   std::function<void(TrainingState&)> init_fn;
@@ -129,18 +141,23 @@ struct SupervisorOptions {
 
 // The marker file a chief writes into the logdir once the model is initialised or restored.
 inline constexpr std::string_view kChiefReadyFile = "chief.ready";
-// The chief's writer lock: an flock(2) held for the Supervisor's life; the file names the holder
-// (host, pid, boot id, since). A second chief on the same logdir is refused with AlreadyExists
-// naming the holder; the kernel drops the lock when the holder dies (kill -9 included), so a
-// restart is never blocked by a dead process. Across machines this relies on the shared
-// filesystem propagating flock (NFSv4, CephFS and most ReadWriteMany drivers do).
+// The chief's writer lock: a lease (logdir_lease.h) held for the Supervisor's life: an flock(2)
+// on a file whose record names the holder (host, pid, boot id, since), a generation and the
+// time of its last heartbeat. A second chief on the same logdir is refused with AlreadyExists
+// naming the holder; the kernel drops the flock when the holder dies (kill -9 included), so a
+// restart is never blocked by a dead process; a holder that stopped renewing for
+// lock_lease_secs (frozen, partitioned: a shared filesystem may keep its flock) is taken over.
+// A chief that was taken over stops with LeaseLost before committing anything more (every
+// checkpoint rename, state file rewrite and deletion is fenced by the lease).
 inline constexpr std::string_view kWriterLockFile = ".writer.lock";
 
 class Supervisor {
  public:
   // Validates options (InvalidArgument naming the option). On the chief, creates the logdir,
-  // checks it is writable, takes the writer lock (AlreadyExists naming the holder when another
-  // live process has it), and removes temp files left by a crashed writer.
+  // checks it is writable, takes the writer lock, and removes temp files left by a crashed
+  // writer. A lock held by another process: AlreadyExists naming the holder as soon as it renews
+  // its lease (within one heartbeat); a holder that does not renew for its lease is taken over
+  // (a WARNING names it), so this waits at most one lease (Cancelled when start_up_cancelled).
   explicit Supervisor(SupervisorOptions options);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
@@ -206,8 +223,9 @@ class Supervisor {
   // is_chief() is true and the session ends as a chief's (final checkpoint). The lost chief's
   // events file is left as it was: exactly one process writes events at any time.
   // Throws FailedPrecondition outside managed_session or on a chief; Aborted when the lock is
-  // still held after `lock_wait` (a live writer, e.g. a partitioned old chief: never two writers
-  // in one logdir); I/O errors as they come.
+  // still held after `lock_wait` by a writer that keeps renewing its lease (never two writers in
+  // one logdir; a partitioned old chief that cannot renew is taken over once its lease runs out
+  // and stops with LeaseLost when it comes back); I/O errors as they come.
   void promote_to_chief(TrainingState& state, std::chrono::milliseconds lock_wait);
 
  private:
@@ -237,9 +255,14 @@ class Supervisor {
   // The step of the checkpoint the session started from (restored, or the latest one a promoted
   // chief found); -1: none. Training thread only.
   int64_t session_start_checkpoint_ = -1;
-  int lock_fd_ = -1;          // the writer lock (chief only), closed by the destructor
-  void lock_logdir();         // training thread only: set by finish_session
-  int sessions_started_ = 0;  // training thread only
+  // The writer lock (chief, promoted chief, successor): released by the destructor. Its loss
+  // requests a stop with LeaseLost. Set on the training thread only.
+  std::unique_ptr<LogdirLease> lease_;
+  LeaseOptions lease_options() const;
+  LogdirLease::LostCallback on_lease_lost();
+  void make_manager();            // manager_ for a lock holder, fenced by lease_
+  std::function<void()> fence();  // throws LeaseLost once the lock is lost
+  int sessions_started_ = 0;      // training thread only
 };
 
 }  // namespace longhaul::supervisor

@@ -94,6 +94,11 @@ struct SupervisorConfigSection {
   // regroup: how long the survivors wait for the replacement before they commit a final
   // checkpoint (the chief) and exit 138, so that a group restart still makes progress.
   double regroup_timeout_secs = 300;
+  // The chief's writer lock on the logdir is a lease renewed every lock_lease_secs / 6: a chief
+  // that has not renewed it for this long (frozen, or cut off by a partition while the shared
+  // filesystem keeps its flock) is taken over by the next chief, and stops with exit 140 without
+  // committing anything more (supervisor/logdir_lease.h). 0: never taken over.
+  double lock_lease_secs = 30;
 };
 
 struct CudaConfigSection {
