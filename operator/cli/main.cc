@@ -46,6 +46,7 @@ struct Flags {
   bool leader_elect = true;
   int metrics_port = 8080, health_port = 8081, workers = 4, burst = 30;
   double qps = 0, lease_duration = 15, renew_deadline = 10, retry_period = 2;
+  double pod_name_release_delay = 3;
   std::string bind_address = "0.0.0.0", log_level;
 };
 
@@ -72,6 +73,11 @@ void add_flags(CLI::App& app, Flags& f) {
                  "client-side API request rate limit (<= 0, the default: none; the API server's "
                  "Priority and Fairness queues and sheds load, and 429s are retried)");
   app.add_option("--burst", f.burst, "client-side API request burst (with --qps > 0)");
+  app.add_option("--pod-name-release-delay", f.pod_name_release_delay,
+                 "seconds a freed pod name rests before a pod is re-created under it: a kubelet "
+                 "may still sync the removed pod's last status onto a same-name successor for a "
+                 "moment (seen on 1.26)")
+      ->check(CLI::Range(0.0, 600.0));
   app.add_option("--log-level", f.log_level,
                  "debug|info|warning|error (default: LONGHAUL_LOG_LEVEL)")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
@@ -104,6 +110,8 @@ controller::ControllerOptions controller_options(const Flags& f,
   controller::ControllerOptions options;
   options.namespaces = f.namespaces;
   options.workers = f.workers;
+  options.reconciler.name_release_delay =
+      std::chrono::milliseconds(static_cast<int64_t>(f.pod_name_release_delay * 1000));
   options.on_reconcile = [&metrics](std::string_view r, double s) { metrics.reconcile(r, s); };
   options.on_reconcile_cpu = [&metrics](double s) { metrics.reconcile_cpu(s); };
   options.on_queue_depth = [&metrics](size_t d) { metrics.queue_depth(d); };
