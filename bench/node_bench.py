@@ -165,7 +165,7 @@ def make_fault(node: nh.Node, kind: str, pod: dict):
 
 FAULTS = {"worker SIGKILL": ("worker-1", "kill"), "chief SIGKILL": ("chief-0", "kill"),
           "worker evicted (Eviction API)": ("worker-1", "evict"),
-          "worker deleted (grace, SIGTERM)": ("worker-1", "delete")}
+          "worker pod deleted (SIGTERM)": ("worker-1", "delete")}
 
 
 def recovery_run(node: nh.Node, scope: str, fault: str, lose_at: int, index: int) -> dict:
