@@ -190,7 +190,16 @@ def recovery_run(node: nh.Node, scope: str, fault: str, lose_at: int, index: int
         resumer = chief if scope == "Group" else victim
         row: dict = {}
 
+        old_uids = set(before.values())
+        row["before"] = 0
+
         def resumed_and_stepped() -> bool:
+            # The last step of the pods lost or re-created, read while their logs exist (the
+            # kubelet removes a deleted pod's logs).
+            for t, uid, text in log_lines(chief) + log_lines(watch):
+                m = STEP_RE.match(text)
+                if m and uid in old_uids and t < row.get("resumed_at", float("inf")):
+                    row["before"] = max(row["before"], int(m.group(1)))
             if "resumed_at" not in row:
                 for t, _, text in log_lines(resumer):
                     m = START_RE.search(text)
@@ -205,9 +214,7 @@ def recovery_run(node: nh.Node, scope: str, fault: str, lose_at: int, index: int
                         return True
             return False
         wait(f"{name}: the next step after {fault}", resumed_and_stepped, 600.0, 0.05)
-        last_before = max((int(STEP_RE.match(x).group(1)) for t, _, x in
-                           log_lines(chief) + log_lines(watch)
-                           if STEP_RE.match(x) and t < row["resumed_at"]), default=0)
+        last_before = row["before"]
         after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(node, name)}
         return {
             "fault_to_step": row["next_step_at"] - t_fault,
