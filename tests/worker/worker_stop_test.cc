@@ -138,14 +138,17 @@ TEST_F(WorkerStopTest, SigtermWhileWaitingForPeersAtTheRendezvousStopsAtOnce) {
 }
 
 // Regression: two `train` processes on one logdir both ran and both claimed commits. The second
-// is refused at start naming the holder, and the first trains on undisturbed.
+// is refused at start naming the holder, and the first trains on undisturbed. The refusal is
+// exit 144, retryable: on a cluster the holder is the chief of a group being replaced, and a
+// permanent code (it was 1) made the operator fail the whole job.
 TEST_F(WorkerStopTest, ASecondTrainOnTheSameLogdirIsRefusedNamingTheHolder) {
   write_text(dir_ / "long.yaml", small_model_config(1000000, 0));
   WorkerProcess first({"train", "--config", "long.yaml", "--logdir", "b"}, dir_, dir_);
   ASSERT_TRUE(first.wait_for_stdout("step     10/", 120s)) << first.out() << first.err();
   RunOutput second = run_worker({"train", "--config", "long.yaml", "--logdir", "b"}, dir_);
-  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_EQ(second.exit_code, 144) << second.err;
   EXPECT_TRUE(contains(second.err, "in use by another training process")) << second.err;
+  EXPECT_TRUE(contains(second.err, "kind=\"logdir busy\"")) << second.err;
   EXPECT_TRUE(contains(second.err, "pid " + std::to_string(first.pid()))) << second.err;
   EXPECT_TRUE(first.running());
   first.signal(SIGTERM);

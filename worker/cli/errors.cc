@@ -28,6 +28,10 @@ int report_error(std::exception_ptr error) {
     code = kExitLeaseLost;
     kind = "writer lock lost";
     message = e.what();
+  } catch (const supervisor::LogdirBusy& e) {  // an AlreadyExists, told apart
+    code = kExitLogdirBusy;
+    kind = "logdir busy";
+    message = e.what();
   } catch (const trainer::CheckpointError& e) {
     code = kExitBadCheckpoint;
     kind = "bad checkpoint";

@@ -25,6 +25,11 @@
 //        logdir over; it committed nothing after the loss (retryable: a restarted replica joins
 //        the newer chief's run)
 //   143  stopped by SIGTERM (preemption) after the final checkpoint was committed
+//   144  the logdir is in use: another process holds its writer lock and renewed its lease while
+//        this one looked (the message names its host and pid). Nothing was written. Retryable:
+//        on a cluster it is the chief of a group being replaced, which exits within seconds of
+//        losing its peers (or goes stale and is taken over after supervisor.lock_lease_secs);
+//        when two runs name one logdir by mistake, stop one or give it another --logdir
 //
 // A corrupt or truncated LATEST checkpoint is not an error: training falls back to the previous
 // valid one with a WARNING naming the file.
@@ -44,6 +49,7 @@ inline constexpr int kExitInterrupted = 130;
 inline constexpr int kExitAborted = 138;
 inline constexpr int kExitLeaseLost = 140;
 inline constexpr int kExitTerminated = 143;
+inline constexpr int kExitLogdirBusy = 144;  // 128 + SIGSTKFLT, a signal nothing sends
 
 // Logs the error (one ERROR line with its kind and message) and returns its exit code.
 int report_error(std::exception_ptr error);

@@ -193,11 +193,10 @@ std::unique_ptr<LogdirLease> LogdirLease::try_acquire(const LeaseOptions& option
   guard.fd = ::open(guard_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (guard.fd < 0) throw_errno("cannot open the logdir lock", guard_path, errno);
   if (!lock_briefly(guard.fd)) {
-    throw AlreadyExists("logdir " + dir.string() +
-                        " is in use: another process has been taking its writer lock " +
-                        guard_path +
-                        " for 5 s. Stop that process, or give this run another "
-                        "--logdir");
+    throw LogdirBusy("logdir " + dir.string() +
+                     " is in use: another process has been taking its writer lock " + guard_path +
+                     " for 5 s. Stop that process, or give this run another "
+                     "--logdir");
   }
   // Temp files of an acquirer that died between its write and its rename.
   std::error_code ec;
@@ -250,10 +249,10 @@ std::unique_ptr<LogdirLease> LogdirLease::try_acquire(const LeaseOptions& option
                         std::max(age, 0.0), previous->lease_secs);
           renewed = buf;
         }
-        throw AlreadyExists("logdir " + dir.string() + " is in use by another training process (" +
-                            describe_holder(old.fd) + renewed +
-                            "); two writers would overwrite each other's checkpoints. Stop that "
-                            "process, or give this run another --logdir");
+        throw LogdirBusy("logdir " + dir.string() + " is in use by another training process (" +
+                         describe_holder(old.fd) + renewed +
+                         "); two writers would overwrite each other's checkpoints. Stop that "
+                         "process, or give this run another --logdir");
       }
       LH_LOG(WARNING) << "taking over the logdir lock: its holder stopped renewing its lease "
                          "(frozen, cut off by a partition, or its node is gone)"

@@ -21,8 +21,8 @@
 // directory), so the old holder's descriptor names an unlinked inode from then on and anything it
 // still writes to it is invisible. A stale holder is logged (WARNING, its record and how long ago
 // it renewed). A live holder, or a record that cannot be read (another version's lock file), is
-// AlreadyExists naming the holder. Clocks of the machines sharing a logdir must agree to well
-// within lease_secs (NTP), as Kubernetes Leases assume.
+// LogdirBusy (an AlreadyExists) naming the holder. Clocks of the machines sharing a logdir must
+// agree to well within lease_secs (NTP), as Kubernetes Leases assume.
 //
 // Holding: a heartbeat thread renews the record every heartbeat_secs (default lease_secs / 6)
 // after checking that the path still names the inode this process holds. Losing it (the path
@@ -70,6 +70,15 @@ class LeaseLost : public Aborted {
   explicit LeaseLost(const std::string& message) : Aborted(message) {}
 };
 
+// Another process holds the logdir's writer lease and is alive (it renewed it while this one
+// looked), or is in the middle of taking it. Nothing was written. Transient on a cluster (the
+// chief of a group that is being replaced exits within seconds of losing its peers), a mistake
+// when two runs name one logdir; longhaul-worker exits 144 on it, which the operator retries.
+class LogdirBusy : public AlreadyExists {
+ public:
+  explicit LogdirBusy(const std::string& message) : AlreadyExists(message) {}
+};
+
 struct LeaseRecord {
   std::string holder;  // "host <h>, pid <p>, boot_id <b>, since <s>"
   int64_t generation = 0;
@@ -100,16 +109,16 @@ class LogdirLease {
   using LostCallback = std::function<void(std::exception_ptr)>;
 
   // Takes the lease (see the top of this file) and starts the heartbeat; when it is held, waits
-  // for a verdict: AlreadyExists naming the holder as soon as the holder renews (within one of
+  // for a verdict: LogdirBusy naming the holder as soon as the holder renews (within one of
   // its heartbeats, lease/6), or the lease once the holder has not renewed for the lease it
   // advertises (by its record's time, or unchanged for that long as watched from here). A holder
-  // that cannot go stale (lease 0, or a lock file of an earlier version) is AlreadyExists at
-  // once. `cancelled` is polled while waiting: true ends the wait with Cancelled. Also throws
+  // that cannot go stale (lease 0, or a lock file of an earlier version) is LogdirBusy at once.
+  // `cancelled` is polled while waiting: true ends the wait with Cancelled. Also throws
   // InvalidArgument for bad options and errno-mapped errors naming the lock file.
   static std::unique_ptr<LogdirLease> acquire(const LeaseOptions& options, LostCallback on_lost,
                                               const std::function<bool()>& cancelled = {});
   // One look: the lease; nullptr when the holder has neither renewed since `watch` was first
-  // filled in nor gone stale yet (call again with the same watch); AlreadyExists as acquire().
+  // filled in nor gone stale yet (call again with the same watch); LogdirBusy as acquire().
   static std::unique_ptr<LogdirLease> try_acquire(const LeaseOptions& options, LostCallback on_lost,
                                                   LeaseWatch& watch);
   ~LogdirLease();
