@@ -177,6 +177,9 @@ std::string bindable_address(const std::string& host, int rank) {
                         "' (" + error + "): it is not an address of this machine" + hint);
 }
 
+// Gloo's tcp::Pair waits this many times its timeout for a pending connection.
+constexpr double kGlooConnectWaitFactor = 5;
+
 // The FileStore the mesh connects through, its waits bounded by the connect timeout (Gloo's own
 // FileStore::get waits its 30 s default whatever the context's timeout says) and ended by a
 // stop request (Cancelled).
@@ -193,9 +196,11 @@ class ConnectStore : public gloo::rendezvous::FileStore {
 
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
 
+  // Gloo passes the context's timeout, which during the connect is a fifth of ours (see
+  // rendezvous()): the store keeps its own.
   void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    const auto deadline = Clock::now() + std::min(timeout, timeout_);
+            const std::chrono::milliseconds& /*gloo_timeout*/) override {
+    const auto deadline = Clock::now() + timeout_;
     while (!check(keys)) {
       if (cancelled_ && cancelled_()) {
         throw Cancelled("connecting the group abandoned: a stop was requested");
@@ -842,7 +847,11 @@ std::unique_ptr<Communicator> rendezvous(const RendezvousOptions& o) {
     generation = board.wait_for_all();
     stop_here_for_test("connect");
     context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
-    context->setTimeout(to_ms(o.connect_timeout_secs));
+    // Gloo waits five times its timeout for a pair's pending connection, and nothing ends that
+    // wait early: a fifth of connect_timeout_secs bounds it, and with it how long a stop
+    // request or a peer that froze since it arrived can keep this attempt, by connect_timeout_secs
+    // (the pairs are non-blocking, so nothing after the connect uses this timeout).
+    context->setTimeout(to_ms(o.connect_timeout_secs / kGlooConnectWaitFactor));
     std::string error;
     try {
       ConnectStore store(dir, to_ms(o.connect_timeout_secs), o.cancelled);

@@ -22,7 +22,7 @@
 //   4. The ranks connect a full mesh of Gloo TCP pairs through a gloo::rendezvous::FileStore in
 //      the same folder, with keys under the prefix G (so a reused folder never holds a key
 //      twice). The connect is bounded by connect_timeout_secs (a peer's address must appear
-//      within it, a peer's connection within 5x it — Gloo's rule), not by the collective
+//      within it, and each peer's connection too), not by the collective
 //      timeout: a member that died or froze between step 3 and here fails the connect within
 //      seconds. Then the chief opens a new generation in the same folder (keeping its files) and
 //      the others treat G as stale and follow, as in steps 1-3; a stop request is honoured
