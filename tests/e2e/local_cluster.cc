@@ -162,6 +162,7 @@ void LocalCluster::start() {
   co.qps = 0;
   co.initial_backoff = 50ms;
   co.user_agent = "longhaul-local-cluster";
+  api_config_ = cfg;
   client_ = std::make_shared<kube::HttpClient>(cfg, co);
 
   kubelet::KubeletOptions ko;

@@ -107,6 +107,9 @@ class LocalCluster {
   fakeapi::FakeApiServer& api() { return *server_; }
   kubelet::LocalKubelet& kubelet() { return *kubelet_; }
   kube::Client& client() { return *client_; }
+  // Where the API server is (the fake one's URL, or external_api), for clients of a test's own
+  // such as a watch. Valid after start().
+  const kube::ClusterConfig& api_config() const { return api_config_; }
   bool operator_running() { return operator_ && operator_->running(); }
   std::filesystem::path kubeconfig() const {
     return options_.external_api ? options_.external_kubeconfig : options_.root / "kubeconfig";
@@ -117,6 +120,7 @@ class LocalCluster {
  private:
   LocalClusterOptions options_;
   std::unique_ptr<fakeapi::FakeApiServer> server_;
+  kube::ClusterConfig api_config_;
   std::shared_ptr<kube::HttpClient> client_;
   std::unique_ptr<kubelet::LocalKubelet> kubelet_;
   std::unique_ptr<ChildProcess> operator_;
