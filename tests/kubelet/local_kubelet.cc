@@ -38,6 +38,20 @@ std::string str(const json& object, const char* key) {
 
 std::string now_rfc3339() { return format_rfc3339(std::chrono::system_clock::now()); }
 
+// Runs `write` (an API call) with `mu` released; `mu` is held again when this returns or throws,
+// so the caller's MutexLock still owns it.
+template <typename Write>
+void unlocked(Mutex& mu, Write&& write) REQUIRES(mu) {
+  mu.Unlock();
+  try {
+    write();
+  } catch (...) {
+    mu.Lock();
+    throw;
+  }
+  mu.Lock();
+}
+
 // What a container left at its terminationMessagePath, as a kubelet reports it: at most 4096
 // bytes; nullopt when it wrote nothing (or there is no file).
 std::optional<std::string> termination_message(const fs::path& path) {
@@ -524,18 +538,11 @@ void LocalKubelet::sync_deletion(PodState& s, const json& pod, Clock::time_point
   s.terminal = true;
   if (s.finalized) return;
   report(s, pod);  // unlocks around the write
-  // The DELETE without the lock, as report() writes; the caller's lock is held again before
-  // this returns or throws.
   const std::string ns = s.ns, name = s.name, uid = s.uid;
-  mu_.Unlock();
-  try {
+  unlocked(mu_, [&] {
     client_->remove(kube::resources::kPods, ns, name,
                     kube::DeleteOptions{.grace_period_seconds = 0, .precondition_uid = uid});
-  } catch (...) {
-    mu_.Lock();
-    throw;
-  }
-  mu_.Lock();
+  });
   s.finalized = true;
   notify();
   LH_LOG(INFO) << "local kubelet: pod deletion finalized" << kv("pod", who);
@@ -797,26 +804,22 @@ void LocalKubelet::report(PodState& s, const json& pod) {
   if (status == s.last_status) return;
   // The API write happens without the lock (the sync thread is the only writer of `s`).
   const std::string ns = s.ns, name = s.name, uid = s.uid;
-  mu_.Unlock();
   // By name, so the uid goes in the patch as a precondition (metadata.uid is immutable: the API
   // server refuses it on any other pod): the final status of a pod deleted since must never land
   // on a pod re-created under the same name, whose kubelet status writes a real API server would
   // then refuse ("may not be transitioned to non-terminated state"; issue #27).
   const json patch = {{"metadata", {{"uid", uid}}}, {"status", status}};
   try {
-    client_->patch(kube::resources::kPods, ns, name, patch, kube::PatchType::kMerge,
-                   /*status_subresource=*/true);
+    unlocked(mu_, [&] {
+      client_->patch(kube::resources::kPods, ns, name, patch, kube::PatchType::kMerge,
+                     /*status_subresource=*/true);
+    });
   } catch (const kube::InvalidError& e) {
-    mu_.Lock();
     if (std::string_view(e.what()).find("metadata.uid") == std::string_view::npos) throw;
     // Another pod holds the name now: this one is gone (the watch brings its DELETED event).
     throw kube::NotFoundError("pod " + ns + "/" + name + " (uid " + s.uid +
                               ") was re-created under a new uid: its status is not written");
-  } catch (...) {
-    mu_.Lock();
-    throw;
   }
-  mu_.Lock();
   s.last_status = status;
   notify();
   (void)pod;
