@@ -447,7 +447,7 @@ class GlooCommunicator : public Communicator {
 
   // Makes every call on this group fail now: shutdown(2) of each socket whose local end is one
   // of this group's pairs, so Gloo's event loop sees the connection end — as when a peer dies —
-  // and fails every pending operation. The descriptors stay Gloo's to close. Caller holds mu_.
+  // and fails every pending operation. The descriptors stay Gloo's to close.
   void shut_down_sockets() REQUIRES(mu_) {
     std::error_code ec;
     for (fs::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
