@@ -245,6 +245,7 @@ TEST(Supervisor, CheckpointServiceSnapshotsOnTheTrainingThreadAtStepBoundaries) 
     }
   });
   EXPECT_GE(sv.checkpoints_saved(), 3);
+  MutexLock lock(state.threads_mu);
   for (auto id : state.snapshot_threads) EXPECT_EQ(id, training_thread);
 }
 
