@@ -21,7 +21,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -29,7 +28,6 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -43,6 +41,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/base/rfc3339.h"
 #include "longhaul/fakeapi/server.h"
 #include "longhaul/testing/loopback.h"
@@ -362,7 +361,7 @@ class SimulatedKubelets {
   void stop() {
     stop_ = true;
     for (Queue& q : queues_) {
-      std::lock_guard lock(q.mu);
+      longhaul::MutexLock lock(q.mu);
       q.cv.notify_all();
     }
     for (std::thread& t : threads_) {
@@ -375,9 +374,9 @@ class SimulatedKubelets {
 
  private:
   struct Queue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::string> pods;  // names of Pending pods; guarded by mu
+    longhaul::Mutex mu;
+    longhaul::CondVar cv;
+    std::deque<std::string> pods GUARDED_BY(mu);  // names of Pending pods
   };
 
   void enqueue(const json& pod) {
@@ -386,7 +385,7 @@ class SimulatedKubelets {
     if (pod.value("status", json::object()).value("phase", "Pending") != "Pending") return;
     const std::string name = md["name"].get<std::string>();
     Queue& q = queues_[std::hash<std::string>{}(name) % queues_.size()];
-    std::lock_guard lock(q.mu);
+    longhaul::MutexLock lock(q.mu);
     q.pods.push_back(name);
     q.cv.notify_one();
   }
@@ -396,8 +395,8 @@ class SimulatedKubelets {
     for (;;) {
       std::string name;
       {
-        std::unique_lock lock(q.mu);
-        q.cv.wait(lock, [&] { return stop_ || !q.pods.empty(); });
+        longhaul::MutexLock lock(q.mu);
+        q.cv.wait(q.mu, [&]() REQUIRES(q.mu) { return stop_ || !q.pods.empty(); });
         if (stop_) return;
         name = std::move(q.pods.front());
         q.pods.pop_front();
@@ -449,16 +448,17 @@ class ConvergedJobs {
 
   bool wait_for_sync(std::chrono::milliseconds timeout) { return jobs_.wait_for_sync(timeout); }
   // Waits until `n` jobs converged or `until`; returns how many have.
-  int wait(int n, Clock::time_point until) {
-    std::unique_lock lock(mu_);
-    cv_.wait_until(lock, until, [&] { return static_cast<int>(converged_.size()) == n; });
+  int wait(int n, Clock::time_point until) EXCLUDES(mu_) {
+    longhaul::MutexLock lock(mu_);
+    cv_.wait_until(mu_, until,
+                   [&]() REQUIRES(mu_) { return static_cast<int>(converged_.size()) == n; });
     return static_cast<int>(converged_.size());
   }
 
  private:
-  void observe(const json& j) {
+  void observe(const json& j) EXCLUDES(mu_) {
     const std::string key = longhaul::kube::object_key(j);
-    std::lock_guard lock(mu_);
+    longhaul::MutexLock lock(mu_);
     if (job_converged(j)) {
       converged_.insert(key);
     } else {
@@ -467,10 +467,10 @@ class ConvergedJobs {
     cv_.notify_all();
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::set<std::string> converged_;  // guarded by mu_
-  longhaul::kube::Informer jobs_;    // last: stopped before the members its handlers use
+  longhaul::Mutex mu_;
+  longhaul::CondVar cv_;
+  std::set<std::string> converged_ GUARDED_BY(mu_);
+  longhaul::kube::Informer jobs_;  // last: stopped before the members its handlers use
 };
 
 // CPU seconds per process of interest, sampled together.

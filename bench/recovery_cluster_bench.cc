@@ -36,7 +36,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -49,6 +48,7 @@
 #include <unistd.h>
 
 #include "longhaul/base/error.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/e2e/local_cluster.h"
 #include "longhaul/kube/config.h"
 #include "longhaul/kube/informer.h"
@@ -193,9 +193,9 @@ class PodCreations {
   PodCreations(std::shared_ptr<longhaul::kube::Client> client, const std::string& ns)
       : informer_(std::move(client),
                   longhaul::kube::InformerOptions{.resource = res::kPods, .ns = ns}) {
-    auto seen = [this](const json& pod) {
+    auto seen = [this](const json& pod) EXCLUDES(mu_) {
       const json& meta = pod.at("metadata");
-      std::lock_guard lock(mu_);
+      longhaul::MutexLock lock(mu_);
       const std::string uid = meta.value("uid", "");
       if (!first_seen_.count(uid)) {
         first_seen_[uid] = Clock::now();
@@ -213,18 +213,21 @@ class PodCreations {
   }
   ~PodCreations() { informer_.stop(); }
   // The newest uid seen for pod `name` and when it was first seen.
-  std::optional<std::pair<std::string, Clock::time_point>> latest(const std::string& name) const {
-    std::lock_guard lock(mu_);
+  std::optional<std::pair<std::string, Clock::time_point>> latest(const std::string& name) const
+      EXCLUDES(mu_) {
+    longhaul::MutexLock lock(mu_);
     auto it = uid_of_.find(name);
     if (it == uid_of_.end()) return std::nullopt;
     return std::make_pair(it->second, first_seen_.at(it->second));
   }
 
  private:
+  mutable longhaul::Mutex mu_;
+  std::map<std::string, Clock::time_point> first_seen_ GUARDED_BY(mu_);  // uid -> first seen
+  std::map<std::string, std::string> uid_of_ GUARDED_BY(mu_);            // pod name -> newest uid
+  // Last: destroyed (its watch thread stopped) before the members its handler uses, also when
+  // the constructor throws and ~PodCreations does not run.
   longhaul::kube::Informer informer_;
-  mutable std::mutex mu_;
-  std::map<std::string, Clock::time_point> first_seen_;  // guarded by mu_: uid -> first seen
-  std::map<std::string, std::string> uid_of_;            // guarded by mu_: pod name -> newest uid
 };
 
 class Bench {

@@ -38,6 +38,20 @@ std::string str(const json& object, const char* key) {
 
 std::string now_rfc3339() { return format_rfc3339(std::chrono::system_clock::now()); }
 
+// Runs `write` (an API call) with `mu` released; `mu` is held again when this returns or throws,
+// so the caller's MutexLock still owns it.
+template <typename Write>
+void unlocked(Mutex& mu, Write&& write) REQUIRES(mu) {
+  mu.Unlock();
+  try {
+    write();
+  } catch (...) {
+    mu.Lock();
+    throw;
+  }
+  mu.Lock();
+}
+
 // What a container left at its terminationMessagePath, as a kubelet reports it: at most 4096
 // bytes; nullopt when it wrote nothing (or there is no file).
 std::optional<std::string> termination_message(const fs::path& path) {
@@ -67,7 +81,7 @@ struct LocalKubelet::Proc {
   bool reaped = false;
 };
 
-// Everything the kubelet tracks for one pod (by uid). Guarded by mu_.
+// Everything the kubelet tracks for one pod (by uid). Guarded by mu_ (see local_kubelet.h).
 struct LocalKubelet::PodState {
   std::string ns, name, uid, node, container, image, restart_policy;
   fs::path log;
@@ -127,7 +141,7 @@ void LocalKubelet::notify() {
 
 void LocalKubelet::start() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (started_) throw FailedPrecondition("local kubelet: start() called twice");
     started_ = true;
   }
@@ -141,7 +155,7 @@ void LocalKubelet::start() {
   io.max_backoff = milliseconds(2000);
   informer_ = std::make_unique<kube::Informer>(client_, io);
   auto wake = [this] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     dirty_ = true;
     cv_.notify_all();
   };
@@ -161,7 +175,7 @@ void LocalKubelet::start() {
 
 void LocalKubelet::stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!started_) return;
     stopping_ = true;  // a second stop() finds everything joined already
     cv_.notify_all();
@@ -169,21 +183,21 @@ void LocalKubelet::stop() {
   if (sync_thread_.joinable()) sync_thread_.join();
   if (informer_) informer_->stop();
   // Kill what still runs: SIGTERM, then SIGKILL after stop_grace.
-  std::unique_lock lock(mu_);
-  auto signal_all = [&](int sig) {
+  MutexLock lock(mu_);
+  auto signal_all = [&](int sig) REQUIRES(mu_) {
     for (auto& [uid, s] : pods_) {
       if (s->alive()) ::kill(-s->proc->pid, sig);
     }
   };
   signal_all(SIGTERM);
-  auto all_dead = [&] {
+  auto all_dead = [&]() REQUIRES(mu_) {
     return std::all_of(pods_.begin(), pods_.end(),
                        [](const auto& kv) { return !kv.second->alive(); });
   };
-  if (!cv_.wait_for(lock, options_.stop_grace, all_dead)) signal_all(SIGKILL);
+  if (!cv_.wait_for(mu_, options_.stop_grace, all_dead)) signal_all(SIGKILL);
   std::vector<std::pair<std::thread, std::shared_ptr<Proc>>> waiters;
   waiters.swap(waiters_);
-  lock.unlock();
+  lock.Unlock();
   for (auto& [t, p] : waiters) t.join();
 }
 
@@ -201,7 +215,7 @@ void LocalKubelet::waiter(std::shared_ptr<Proc> proc) {
   do {
     r = ::waitpid(proc->pid, &status, 0);
   } while (r < 0 && errno == EINTR);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (r < 0) {
     proc->exit_code = 128 + SIGKILL;  // cannot happen for our own child; treat as killed
   } else if (WIFEXITED(status)) {
@@ -218,10 +232,10 @@ void LocalKubelet::waiter(std::shared_ptr<Proc> proc) {
 }
 
 void LocalKubelet::run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     dirty_ = false;
-    lock.unlock();
+    lock.Unlock();
     try {
       heartbeat_nodes();
     } catch (const std::exception& e) {
@@ -232,7 +246,7 @@ void LocalKubelet::run() {
     } catch (const std::exception& e) {
       LH_LOG(WARNING) << "local kubelet: sync failed; retrying" << kv("error", e.what());
     }
-    lock.lock();
+    lock.Lock();
     // Nearest deadline: SIGKILL, restart back-off, eviction, heartbeat; else the resync period.
     Clock::time_point wake = Clock::now() + options_.resync;
     if (options_.register_nodes) wake = std::min(wake, next_heartbeat_);
@@ -243,7 +257,7 @@ void LocalKubelet::run() {
       }
     }
     for (const auto& [node, e] : evictions_) wake = std::min(wake, e.when);
-    cv_.wait_until(lock, wake, [this] { return stopping_ || dirty_; });
+    cv_.wait_until(mu_, wake, [this]() REQUIRES(mu_) { return stopping_ || dirty_; });
   }
 }
 
@@ -335,7 +349,7 @@ void LocalKubelet::sync_once() {
   }
   // Pods that left the API: kill what still runs, forget the rest.
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = pods_.begin(); it != pods_.end();) {
       PodState& s = *it->second;
       if (present.contains(it->first)) {
@@ -369,7 +383,6 @@ void LocalKubelet::sync_once() {
 }
 
 void LocalKubelet::handle_gone(PodState& s) {
-  // Caller holds mu_.
   if (!s.alive() || s.lost) return;
   const auto now = Clock::now();
   if (!s.term_sent) {
@@ -386,7 +399,7 @@ void LocalKubelet::schedule(const json& pod) {
   std::string node;
   const json& meta = pod["metadata"];
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (live_nodes_.empty() || pending_bindings_.contains(str(meta, "uid"))) return;
     // Load: pods this kubelet runs or is about to run, per live node.
     std::map<std::string, int> load;
@@ -406,7 +419,7 @@ void LocalKubelet::schedule(const json& pod) {
   const std::string ns = str(meta, "namespace"), name = str(meta, "name");
   kube::Resource binding{"", "v1", "pods/" + name + "/binding", true, "Binding"};
   auto forget = [&] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending_bindings_.erase(str(meta, "uid"));
   };
   try {
@@ -431,13 +444,13 @@ void LocalKubelet::sync_pod(const json& pod) {
   const std::string node = str(pod.value("spec", json::object()), "nodeName");
   const bool deleting = meta.contains("deletionTimestamp");
 
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (!node.empty()) pending_bindings_.erase(uid);
   auto it = pods_.find(uid);
   PodState* s = it == pods_.end() ? nullptr : it->second.get();
   if (s == nullptr) {
     if (node.empty()) {
-      lock.unlock();
+      lock.Unlock();
       if (options_.schedule && !deleting) schedule(pod);
       return;
     }
@@ -447,7 +460,7 @@ void LocalKubelet::sync_pod(const json& pod) {
   if (s->lost || s->gone) return;
   const auto now = Clock::now();
   if (deleting) {
-    sync_deletion(lock, *s, pod, now);
+    sync_deletion(*s, pod, now);
     return;
   }
   if (s->terminal) {
@@ -503,8 +516,7 @@ LocalKubelet::PodState* LocalKubelet::adopt_pod_locked(const json& pod) {
   return s;
 }
 
-void LocalKubelet::sync_deletion(std::unique_lock<std::mutex>& lock, PodState& s, const json& pod,
-                                 Clock::time_point now) {
+void LocalKubelet::sync_deletion(PodState& s, const json& pod, Clock::time_point now) {
   s.deleting = true;
   const std::string who = s.ns + "/" + s.name;
   if (s.alive()) {
@@ -526,10 +538,11 @@ void LocalKubelet::sync_deletion(std::unique_lock<std::mutex>& lock, PodState& s
   s.terminal = true;
   if (s.finalized) return;
   report(s, pod);  // unlocks around the write
-  lock.unlock();
-  client_->remove(kube::resources::kPods, s.ns, s.name,
-                  kube::DeleteOptions{.grace_period_seconds = 0, .precondition_uid = s.uid});
-  lock.lock();
+  const std::string ns = s.ns, name = s.name, uid = s.uid;
+  unlocked(mu_, [&] {
+    client_->remove(kube::resources::kPods, ns, name,
+                    kube::DeleteOptions{.grace_period_seconds = 0, .precondition_uid = uid});
+  });
   s.finalized = true;
   notify();
   LH_LOG(INFO) << "local kubelet: pod deletion finalized" << kv("pod", who);
@@ -605,7 +618,7 @@ void LocalKubelet::start_process(PodState& s, const json& pod) {
   s.term_sent = s.kill_sent = false;
 
   std::ofstream header(s.log, std::ios::app);
-  auto fail = [&](const std::string& why) {
+  auto fail = [&](const std::string& why) REQUIRES(mu_) {
     s.start_failed = true;
     s.start_error = why;
     proc->exit_code = 127;
@@ -708,8 +721,8 @@ void LocalKubelet::start_process(PodState& s, const json& pod) {
 }
 
 void LocalKubelet::report(PodState& s, const json& pod) {
-  // Caller holds mu_ through `lock` semantics: we unlock around the API write. The caller's
-  // unique_lock is not visible here, so the write is done with the mutex released manually.
+  // The caller holds mu_ (in a MutexLock): it is released around the API write and held again
+  // before this returns or throws, so the caller's MutexLock still unlocks it.
   const std::string now = now_rfc3339();
   std::string phase = "Pending";
   json cstate = json::object(), cs_last = json::object();
@@ -790,27 +803,23 @@ void LocalKubelet::report(PodState& s, const json& pod) {
   }
   if (status == s.last_status) return;
   // The API write happens without the lock (the sync thread is the only writer of `s`).
-  const std::string ns = s.ns, name = s.name;
-  mu_.unlock();
+  const std::string ns = s.ns, name = s.name, uid = s.uid;
   // By name, so the uid goes in the patch as a precondition (metadata.uid is immutable: the API
   // server refuses it on any other pod): the final status of a pod deleted since must never land
   // on a pod re-created under the same name, whose kubelet status writes a real API server would
   // then refuse ("may not be transitioned to non-terminated state"; issue #27).
-  const json patch = {{"metadata", {{"uid", s.uid}}}, {"status", status}};
+  const json patch = {{"metadata", {{"uid", uid}}}, {"status", status}};
   try {
-    client_->patch(kube::resources::kPods, ns, name, patch, kube::PatchType::kMerge,
-                   /*status_subresource=*/true);
+    unlocked(mu_, [&] {
+      client_->patch(kube::resources::kPods, ns, name, patch, kube::PatchType::kMerge,
+                     /*status_subresource=*/true);
+    });
   } catch (const kube::InvalidError& e) {
-    mu_.lock();
     if (std::string_view(e.what()).find("metadata.uid") == std::string_view::npos) throw;
     // Another pod holds the name now: this one is gone (the watch brings its DELETED event).
     throw kube::NotFoundError("pod " + ns + "/" + name + " (uid " + s.uid +
                               ") was re-created under a new uid: its status is not written");
-  } catch (...) {
-    mu_.lock();
-    throw;
   }
-  mu_.lock();
   s.last_status = status;
   notify();
   (void)pod;
@@ -819,7 +828,7 @@ void LocalKubelet::report(PodState& s, const json& pod) {
 void LocalKubelet::evict_lost_pods() {
   std::vector<std::pair<std::string, std::optional<int64_t>>> due;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto now = Clock::now();
     for (auto it = evictions_.begin(); it != evictions_.end();) {
       if (it->second.when <= now) {
@@ -870,7 +879,7 @@ void LocalKubelet::pump_logs() {
   if (!options_.on_log_line) return;
   std::vector<std::pair<std::string, fs::path>> logs;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [uid, s] : pods_) logs.emplace_back(s->name, s->log);
   }
   for (const auto& [name, path] : logs) {
@@ -898,7 +907,7 @@ void LocalKubelet::pump_logs() {
 
 void LocalKubelet::preempt(const std::string& ns, const std::string& name,
                            const std::string& reason, std::optional<milliseconds> grace) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [uid, s] : pods_) {
     if (s->ns == ns && s->name == name && s->alive() && !s->lost && !s->gone) {
       s->preempt_requested = true;
@@ -913,7 +922,7 @@ void LocalKubelet::preempt(const std::string& ns, const std::string& name,
 }
 
 void LocalKubelet::lose_node(const std::string& node, LoseNodeOptions options) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = std::find(live_nodes_.begin(), live_nodes_.end(), node);
   if (it == live_nodes_.end()) {
     throw NotFound("local kubelet: node " + node + " is not a live node of this kubelet");
@@ -933,7 +942,7 @@ void LocalKubelet::lose_node(const std::string& node, LoseNodeOptions options) {
 }
 
 void LocalKubelet::add_node(const std::string& node) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (lost_nodes_.contains(node)) {
     throw InvalidArgument("local kubelet: node " + node + " was lost; add a node of a new name");
   }
@@ -944,7 +953,7 @@ void LocalKubelet::add_node(const std::string& node) {
 }
 
 std::vector<std::string> LocalKubelet::live_nodes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return live_nodes_;
 }
 
@@ -967,7 +976,7 @@ LocalPodInfo LocalKubelet::info_of(const PodState& s) {
 
 std::optional<LocalPodInfo> LocalKubelet::pod(const std::string& ns,
                                               const std::string& name) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const PodState* best = nullptr;
   for (const auto& [uid, s] : pods_) {
     if (s->ns == ns && s->name == name && (best == nullptr || !s->gone)) best = s.get();
@@ -977,7 +986,7 @@ std::optional<LocalPodInfo> LocalKubelet::pod(const std::string& ns,
 }
 
 std::vector<LocalPodInfo> LocalKubelet::pods() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<LocalPodInfo> out;
   for (const auto& [uid, s] : pods_) out.push_back(info_of(*s));
   return out;
@@ -985,14 +994,14 @@ std::vector<LocalPodInfo> LocalKubelet::pods() const {
 
 bool LocalKubelet::wait_for(const std::function<bool()>& predicate, milliseconds timeout) const {
   const auto deadline = Clock::now() + timeout;
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     const uint64_t seen = changes_;
-    lock.unlock();
+    lock.Unlock();
     if (predicate()) return true;
-    lock.lock();
-    if (!cv_.wait_until(lock, deadline, [&] { return changes_ != seen; })) {
-      lock.unlock();
+    lock.Lock();
+    if (!cv_.wait_until(mu_, deadline, [&]() REQUIRES(mu_) { return changes_ != seen; })) {
+      lock.Unlock();
       return predicate();
     }
   }
@@ -1005,7 +1014,7 @@ std::pair<std::string, std::string> LocalKubelet::resolve_pod(
   }
   std::set<std::string> namespaces;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [uid, s] : pods_) {
       if (s->name == ns_slash_pod) namespaces.insert(s->ns);
     }

@@ -8,16 +8,14 @@
 // when the name belongs to a pod re-created since, so a deleted pod's status never reaches its
 // same-name successor.
 //
-// Thread-safety: FakeKubelet's settings are guarded by its mutex; the harness is used from the
-// test thread.
+// Thread-safety: FakeKubelet's settings are GUARDED_BY its mutex (checked by clang); the harness
+// is used from the test thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "longhaul/api/trainingjob.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/controller/controller.h"
 #include "longhaul/fakeapi/server.h"
 #include "longhaul/kube/http_client.h"
@@ -53,20 +52,20 @@ class FakeKubelet {
     thread_ = std::thread([this] { run(); });
   }
   ~FakeKubelet() { stop(); }
-  void stop() {
+  void stop() EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  void set_auto_run(bool on) {
-    std::lock_guard lock(mu_);
+  void set_auto_run(bool on) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     auto_run_ = on;
   }
-  void set_stuck(const std::string& pod, bool stuck) {
-    std::lock_guard lock(mu_);
+  void set_stuck(const std::string& pod, bool stuck) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (stuck) {
       stuck_.insert(pod);
     } else {
@@ -75,12 +74,12 @@ class FakeKubelet {
   }
 
  private:
-  void run() {
-    std::unique_lock lock(mu_);
+  void run() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     while (!stopping_) {
       const bool auto_run = auto_run_;
       const std::set<std::string> stuck = stuck_;
-      lock.unlock();
+      lock.Unlock();
       try {
         for (const json& pod : server_.list("pods")) {
           const json& md = pod["metadata"];
@@ -100,18 +99,18 @@ class FakeKubelet {
         // A pod vanished (or was re-created) between list and write: the next round sees the
         // new state.
       }
-      lock.lock();
+      lock.Lock();
       // The kubelet's sync period; state is re-read each round, nothing waits on this delay.
-      cv_.wait_for(lock, 20ms, [this] { return stopping_; });
+      cv_.wait_for(mu_, 20ms, [this]() REQUIRES(mu_) { return stopping_; });
     }
   }
 
   fakeapi::FakeApiServer& server_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  bool auto_run_ = true;
-  std::set<std::string> stuck_;
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool auto_run_ GUARDED_BY(mu_) = true;
+  std::set<std::string> stuck_ GUARDED_BY(mu_);  // pod names whose deletion is never finalized
   std::thread thread_;
 };
 

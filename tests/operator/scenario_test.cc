@@ -8,6 +8,7 @@
 #include "backend_scenario.h"
 #include "harness.h"
 #include "longhaul/base/http_server.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/controller/controller.h"
 #include "longhaul/kube/leader_election.h"
 
@@ -370,14 +371,16 @@ TEST_F(Scenario, LostLeaseMidCreateStopsWrites) {
 // once per progressIntervalSeconds, and keeps it, without an error, once the chief is
 // unreachable.
 TEST_F(Scenario, ChiefProgressReachesStatusRateLimitedAndSurvivesAnUnreachableChief) {
-  std::mutex mu;
-  int64_t step = 1200;  // guarded by mu
-  bool moving = false;  // guarded by mu: each read finds the chief 7 steps further
+  struct {
+    Mutex mu;
+    int64_t step GUARDED_BY(mu) = 1200;
+    bool moving GUARDED_BY(mu) = false;  // each read finds the chief 7 steps further
+  } metrics;
   http::Server chief("chief metrics", "127.0.0.1", 0, [&](std::string_view, std::string_view) {
-    std::lock_guard lock(mu);
-    if (moving) step += 7;
+    MutexLock lock(metrics.mu);
+    if (metrics.moving) metrics.step += 7;
     return http::Response{200, "text/plain; version=0.0.4",
-                          "longhaul_train_global_step{rank=\"0\"} " + std::to_string(step) +
+                          "longhaul_train_global_step{rank=\"0\"} " + std::to_string(metrics.step) +
                               "\nlonghaul_train_max_steps{rank=\"0\"} 5000\n"
                               "longhaul_checkpoint_last_step{rank=\"0\"} 1000\n"
                               "longhaul_checkpoint_last_timestamp_seconds{rank=\"0\"} "
@@ -413,8 +416,8 @@ TEST_F(Scenario, ChiefProgressReachesStatusRateLimitedAndSurvivesAnUnreachableCh
 
   // From now on the chief has moved at every read; status follows once per interval.
   {
-    std::lock_guard lock(mu);
-    moving = true;
+    MutexLock lock(metrics.mu);
+    metrics.moving = true;
   }
   ASSERT_TRUE(wait([&] {
     const auto p = status().progress;

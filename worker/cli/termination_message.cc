@@ -3,12 +3,12 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "longhaul/base/log.h"
+#include "longhaul/base/rfc3339.h"
 
 namespace longhaul::cli {
 
@@ -17,16 +17,6 @@ namespace {
 constexpr const char* kPathVariable = "LONGHAUL_TERMINATION_MESSAGE_PATH";
 constexpr const char* kKubeletPath = "/dev/termination-log";
 constexpr size_t kKubeletLimit = 4096;
-
-// RFC 3339 in UTC with second precision, as Kubernetes writes times.
-std::string rfc3339(std::chrono::system_clock::time_point t) {
-  const std::time_t seconds = std::chrono::system_clock::to_time_t(t);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return buf;
-}
 
 }  // namespace
 
@@ -42,57 +32,58 @@ TerminationMessage::TerminationMessage(Target target) : target_(std::move(target
 TerminationMessage::~TerminationMessage() { write(); }
 
 void TerminationMessage::set_max_steps(int64_t max_steps) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   max_steps_ = max_steps;
 }
 
 void TerminationMessage::set_chief(bool is_chief) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   chief_ = is_chief;
 }
 
 void TerminationMessage::on_session_start(int64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   step_ = step;
   session_start_.emplace(step, Clock::now());
 }
 
 void TerminationMessage::on_step(int64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   step_ = step;
   last_step_at_ = Clock::now();
 }
 
 void TerminationMessage::on_saved(const supervisor::CheckpointStats& stats) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   checkpoint_step_ = stats.step;
   checkpoint_time_ = stats.wall_time;
 }
 
 void TerminationMessage::on_restored(const supervisor::RestoredCheckpoint& restored) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   checkpoint_step_ = restored.step;
   checkpoint_time_ = restored.wall_time;
   step_ = restored.step;
 }
 
 void TerminationMessage::on_chief_role_taken(const supervisor::RestoredCheckpoint& latest) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   chief_ = true;
   checkpoint_step_ = latest.step;
   checkpoint_time_ = latest.wall_time;
 }
 
 std::string TerminationMessage::text() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   nlohmann::json j = {{"step", step_}};
   if (max_steps_ > 0) j["maxSteps"] = max_steps_;
   if (checkpoint_step_ && checkpoint_time_ > 0) {
     j["lastCheckpointStep"] = *checkpoint_step_;
-    j["lastCheckpointTime"] = rfc3339(Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(checkpoint_time_))));
+    j["lastCheckpointTime"] =
+        format_rfc3339(Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(checkpoint_time_))));
   }
-  if (last_step_at_) j["lastStepTime"] = rfc3339(*last_step_at_);
+  if (last_step_at_) j["lastStepTime"] = format_rfc3339(*last_step_at_);
   if (session_start_ && last_step_at_ && step_ > session_start_->first) {
     const double seconds =
         std::chrono::duration<double>(*last_step_at_ - session_start_->second).count();

@@ -26,10 +26,11 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "longhaul/base/mutex.h"
+#include "longhaul/base/thread_annotations.h"
 #include "longhaul/supervisor/async_checkpointer.h"
 
 namespace longhaul::cli {
@@ -50,33 +51,33 @@ class TerminationMessage : public supervisor::CheckpointListener {
   TerminationMessage(const TerminationMessage&) = delete;
   TerminationMessage& operator=(const TerminationMessage&) = delete;
 
-  void set_max_steps(int64_t max_steps);
-  void set_chief(bool is_chief);
+  void set_max_steps(int64_t max_steps) EXCLUDES(mu_);
+  void set_chief(bool is_chief) EXCLUDES(mu_);
   // The session started at `step` (restored or initialised): the rate counts from here.
-  void on_session_start(int64_t step);
-  void on_step(int64_t step);
+  void on_session_start(int64_t step) EXCLUDES(mu_);
+  void on_step(int64_t step) EXCLUDES(mu_);
 
   // supervisor::CheckpointListener
-  void on_saved(const supervisor::CheckpointStats& stats) override;
-  void on_restored(const supervisor::RestoredCheckpoint& restored) override;
-  void on_chief_role_taken(const supervisor::RestoredCheckpoint& latest) override;
+  void on_saved(const supervisor::CheckpointStats& stats) override EXCLUDES(mu_);
+  void on_restored(const supervisor::RestoredCheckpoint& restored) override EXCLUDES(mu_);
+  void on_chief_role_taken(const supervisor::RestoredCheckpoint& latest) override EXCLUDES(mu_);
 
   // The JSON text described above.
-  std::string text() const;
+  std::string text() const EXCLUDES(mu_);
   // Replaces the file's contents with text(). False (logged, no exception) when it cannot.
-  bool write() const noexcept;
+  bool write() const noexcept EXCLUDES(mu_);
 
  private:
   using Clock = std::chrono::system_clock;
   Target target_;
-  mutable std::mutex mu_;
-  int64_t step_ = 0;                               // guarded by mu_
-  int64_t max_steps_ = 0;                          // guarded by mu_
-  bool chief_ = false;                             // guarded by mu_
-  std::optional<int64_t> checkpoint_step_;         // guarded by mu_
-  double checkpoint_time_ = 0;                     // guarded by mu_: seconds since the epoch
-  std::optional<Clock::time_point> last_step_at_;  // guarded by mu_
-  std::optional<std::pair<int64_t, Clock::time_point>> session_start_;  // guarded by mu_
+  mutable Mutex mu_;
+  int64_t step_ GUARDED_BY(mu_) = 0;
+  int64_t max_steps_ GUARDED_BY(mu_) = 0;
+  bool chief_ GUARDED_BY(mu_) = false;
+  std::optional<int64_t> checkpoint_step_ GUARDED_BY(mu_);
+  double checkpoint_time_ GUARDED_BY(mu_) = 0;  // seconds since the epoch
+  std::optional<Clock::time_point> last_step_at_ GUARDED_BY(mu_);
+  std::optional<std::pair<int64_t, Clock::time_point>> session_start_ GUARDED_BY(mu_);
 };
 
 }  // namespace longhaul::cli

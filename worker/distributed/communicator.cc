@@ -5,12 +5,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -39,6 +37,7 @@
 #include "longhaul/base/error.h"
 #include "longhaul/base/file.h"
 #include "longhaul/base/log.h"
+#include "longhaul/base/mutex.h"
 #include "longhaul/base/poll.h"
 
 namespace longhaul::dist {
@@ -296,7 +295,7 @@ class GlooCommunicator : public Communicator {
 
   ~GlooCommunicator() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -375,12 +374,12 @@ class GlooCommunicator : public Communicator {
    public:
     WaitScope(GlooCommunicator& c, bool on) : c_(c), on_(on) {
       if (!on_) return;
-      std::lock_guard<std::mutex> lock(c_.mu_);
+      MutexLock lock(c_.mu_);
       c_.waiting_ = true;
     }
     ~WaitScope() {
       if (!on_) return;
-      std::lock_guard<std::mutex> lock(c_.mu_);
+      MutexLock lock(c_.mu_);
       c_.waiting_ = false;
     }
     WaitScope(const WaitScope&) = delete;
@@ -407,14 +406,14 @@ class GlooCommunicator : public Communicator {
   // Every kHeartbeatInterval: refresh this member's file, look at the others' (a member whose
   // file did not change for the liveness timeout is lost), and end a wait a stop request asked
   // to end.
-  void heartbeat_loop() {
+  void heartbeat_loop() EXCLUDES(mu_) {
     const int w = world_size();
     std::vector<std::string> seen(static_cast<size_t>(w));
     std::vector<Clock::time_point> changed(static_cast<size_t>(w), Clock::now());
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (!stop_) {
       const bool waiting = waiting_;
-      lock.unlock();
+      lock.Unlock();
       write_heartbeat();
       const auto now = Clock::now();
       int frozen = -1;
@@ -429,7 +428,7 @@ class GlooCommunicator : public Communicator {
         }
       }
       const bool stop_requested = waiting && cancelled_ && cancelled_();
-      lock.lock();
+      lock.Lock();
       if (frozen >= 0 && lost_.empty() && !stopped_) {
         lost_ = "rank " + std::to_string(frozen) + " did not refresh its heartbeat " +
                 heartbeat_path(frozen).string() + " for " +
@@ -447,14 +446,14 @@ class GlooCommunicator : public Communicator {
                      << kv("rank", rank()) << kv("generation", generation_);
         shut_down_sockets();
       }
-      cv_.wait_for(lock, kHeartbeatInterval, [this] { return stop_; });
+      cv_.wait_for(mu_, kHeartbeatInterval, [this]() REQUIRES(mu_) { return stop_; });
     }
   }
 
   // Makes every call on this group fail now: shutdown(2) of each socket whose local end is one
   // of this group's pairs, so Gloo's event loop sees the connection end — as when a peer dies —
-  // and fails every pending operation. The descriptors stay Gloo's to close. Caller holds mu_.
-  void shut_down_sockets() {
+  // and fails every pending operation. The descriptors stay Gloo's to close.
+  void shut_down_sockets() REQUIRES(mu_) {
     std::error_code ec;
     for (fs::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
@@ -490,7 +489,7 @@ class GlooCommunicator : public Communicator {
       std::string lost;
       bool stopped = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         lost = lost_;
         stopped = stopped_;
       }
@@ -527,12 +526,12 @@ class GlooCommunicator : public Communicator {
   uint64_t beats_ = 0;  // heartbeat thread only (and the constructor, before it starts)
 
   // Shared with the heartbeat thread.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;     // guarded by mu_: the heartbeat thread ends
-  bool waiting_ = false;  // guarded by mu_: a call a stop request may end is in flight
-  std::string lost_;      // guarded by mu_: why the group was broken (a frozen member)
-  bool stopped_ = false;  // guarded by mu_: the group was broken for a stop request
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;     // the heartbeat thread ends
+  bool waiting_ GUARDED_BY(mu_) = false;  // a call a stop request may end is in flight
+  std::string lost_ GUARDED_BY(mu_);      // why the group was broken (a frozen member)
+  bool stopped_ GUARDED_BY(mu_) = false;  // the group was broken for a stop request
   std::thread heartbeat_;
 };
 

@@ -119,14 +119,14 @@ void WorkerMetrics::replace_build_info() {
 }
 
 void WorkerMetrics::set_backend(const std::string& backend) {
-  std::lock_guard lock(build_info_mu_);
+  MutexLock lock(build_info_mu_);
   if (backend == backend_) return;
   backend_ = backend;
   replace_build_info();
 }
 
 void WorkerMetrics::set_kernel_choices(const std::map<std::string, std::string>& choices) {
-  std::lock_guard lock(build_info_mu_);
+  MutexLock lock(build_info_mu_);
   bool changed = false;
   for (const auto& [key, value] : choices) {
     auto it = kernel_labels_.find(key);

@@ -49,6 +49,7 @@ Coordinator::~Coordinator() {
   {
     MutexLock lock(mu_);
     threads.swap(threads_);
+    finished_.clear();
   }
   for (auto& t : threads) {
     if (t.thread.joinable()) {
@@ -91,7 +92,7 @@ void Coordinator::wait_for_stop() const {
 void Coordinator::clear_stop() {
   MutexLock lock(mu_);
   for (const auto& t : threads_) {
-    if (!t.done) {
+    if (!done(t)) {
       throw FailedPrecondition("Coordinator::clear_stop called while thread " + t.name +
                                " is still running; join() first");
     }
@@ -112,14 +113,15 @@ void Coordinator::raise_requested_exception() const {
 
 void Coordinator::start_thread(std::string name, std::function<void()> body) {
   MutexLock lock(mu_);
-  threads_.push_back(Thread{std::move(name), std::thread(), false});
+  const uint64_t id = next_id_++;
+  threads_.push_back(Thread{id, std::move(name), std::thread()});
   Thread* self = &threads_.back();
   try {
-    self->thread = std::thread([this, self, body = std::move(body)] {
+    self->thread = std::thread([this, id, body = std::move(body)] {
       stop_on_exception(*this, body);
       {
         MutexLock l(mu_);
-        self->done = true;
+        finished_.insert(id);
       }
       cv_.notify_all();
     });
@@ -134,7 +136,7 @@ void Coordinator::join(Clock::duration stop_grace) {
   MutexLock lock(mu_);
   auto all_done = [&]() REQUIRES(mu_) {
     for (const auto& t : threads_) {
-      if (!t.done) return false;
+      if (!done(t)) return false;
     }
     return true;
   };
@@ -145,7 +147,8 @@ void Coordinator::join(Clock::duration stop_grace) {
   std::vector<std::string> stragglers;
   std::list<Thread> finished;
   for (auto it = threads_.begin(); it != threads_.end();) {
-    if (it->done) {
+    if (done(*it)) {
+      finished_.erase(it->id);
       auto next = std::next(it);
       finished.splice(finished.end(), threads_, it);
       it = next;
@@ -173,7 +176,7 @@ std::vector<std::string> Coordinator::running_threads() const {
   MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& t : threads_) {
-    if (!t.done) names.push_back(t.name);
+    if (!done(t)) names.push_back(t.name);
   }
   return names;
 }

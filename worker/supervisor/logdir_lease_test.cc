@@ -19,6 +19,7 @@
 #include "longhaul/supervisor/checkpoint_manager.h"
 #include "longhaul/supervisor/checkpoint_state.h"
 #include "longhaul/supervisor/supervisor.h"
+#include "test_options.h"
 #include "test_util.h"
 
 namespace longhaul::supervisor {
@@ -32,12 +33,7 @@ using namespace std::chrono_literals;
 
 SupervisorOptions chief_options(const std::filesystem::path& logdir, double lease_secs,
                                 double heartbeat_secs) {
-  SupervisorOptions o;
-  o.logdir = logdir;
-  o.save_model_secs = 0;
-  o.save_summaries_secs = 0;
-  o.stop_grace_secs = 10;
-  o.events_flush_secs = 0;
+  SupervisorOptions o = testing::quiet_options(logdir);
   o.lock_lease_secs = lease_secs;
   o.lock_heartbeat_secs = heartbeat_secs;
   return o;

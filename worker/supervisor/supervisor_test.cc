@@ -10,6 +10,7 @@
 
 #include "longhaul/base/error.h"
 #include "longhaul/supervisor/signals.h"
+#include "test_options.h"
 #include "test_util.h"
 
 namespace longhaul::supervisor {
@@ -18,18 +19,9 @@ namespace {
 using testing::eventually;
 using ::testing::HasSubstr;
 using testing::list_dir;
+using testing::quiet_options;
 using testing::TempDir;
 using testing::ToyState;
-
-SupervisorOptions quiet_options(const std::filesystem::path& logdir) {
-  SupervisorOptions o;
-  o.logdir = logdir;
-  o.save_model_secs = 0;
-  o.save_summaries_secs = 0;
-  o.stop_grace_secs = 10;
-  o.events_flush_secs = 0;
-  return o;
-}
 
 // Trains `steps` steps, calling step_boundary after each.
 std::function<void(Supervisor&)> train(ToyState& state, int steps) {
@@ -253,6 +245,7 @@ TEST(Supervisor, CheckpointServiceSnapshotsOnTheTrainingThreadAtStepBoundaries) 
     }
   });
   EXPECT_GE(sv.checkpoints_saved(), 3);
+  MutexLock lock(state.threads_mu);
   for (auto id : state.snapshot_threads) EXPECT_EQ(id, training_thread);
 }
 

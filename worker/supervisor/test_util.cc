@@ -68,7 +68,7 @@ void ToyState::restore(const TensorSource& checkpoint) {
 void ToyState::snapshot(Snapshot& out) {
   ++snapshot_calls;
   {
-    std::lock_guard lock(threads_mu);
+    MutexLock lock(threads_mu);
     snapshot_threads.push_back(std::this_thread::get_id());
   }
   out.reshape(specs_);

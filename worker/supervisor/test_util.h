@@ -7,11 +7,11 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/training_state.h"
 #include "longhaul/testing/eventually.h"
 #include "longhaul/testing/temp_dir.h"
@@ -48,8 +48,8 @@ class ToyState : public TrainingState {
   std::atomic<int> restore_calls{0};
   std::atomic<int> snapshot_calls{0};
   std::string restored_from;
-  std::mutex threads_mu;
-  std::vector<std::thread::id> snapshot_threads;
+  Mutex threads_mu;
+  std::vector<std::thread::id> snapshot_threads GUARDED_BY(threads_mu);  // one per snapshot()
 
  private:
   std::vector<TensorSpec> specs_;

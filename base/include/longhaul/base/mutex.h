@@ -114,22 +114,17 @@ class CondVar {
     lock.release();
     return result;
   }
+  // wait_for is wait_until(steady_clock::now() + timeout), as the standard specifies it.
   template <class Rep, class Period>
   std::cv_status wait_for(Mutex& mu, const std::chrono::duration<Rep, Period>& timeout)
       REQUIRES(mu) {
-    std::unique_lock<std::mutex> lock(mu.mu_, std::adopt_lock);
-    std::cv_status status = cv_.wait_for(lock, timeout);
-    lock.release();
-    return status;
+    return wait_until(mu, std::chrono::steady_clock::now() + timeout);
   }
   // Returns the predicate's last value: false when the timeout passed first.
   template <class Rep, class Period, class Predicate>
   bool wait_for(Mutex& mu, const std::chrono::duration<Rep, Period>& timeout,
                 Predicate stop_waiting) REQUIRES(mu) {
-    std::unique_lock<std::mutex> lock(mu.mu_, std::adopt_lock);
-    bool result = cv_.wait_for(lock, timeout, std::move(stop_waiting));
-    lock.release();
-    return result;
+    return wait_until(mu, std::chrono::steady_clock::now() + timeout, std::move(stop_waiting));
   }
 
  private:

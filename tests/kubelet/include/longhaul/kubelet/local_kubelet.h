@@ -57,12 +57,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -71,6 +69,8 @@
 
 #include <sys/types.h>
 
+#include "longhaul/base/mutex.h"
+#include "longhaul/base/thread_annotations.h"
 #include "longhaul/kube/client.h"
 #include "longhaul/kube/informer.h"
 #include "longhaul/kubelet/pod_command.h"
@@ -129,65 +129,72 @@ class LocalKubelet {
 
   // Creates the folders, starts the informer and the sync thread. Throws FailedPrecondition when
   // called twice, Unavailable when the pod list does not sync within 30 s.
-  void start();
+  void start() EXCLUDES(mu_);
   // Kills every process (SIGTERM, SIGKILL after stop_grace), joins every thread. Idempotent.
   // Pods are not written: they stay as last reported.
-  void stop();
+  void stop() EXCLUDES(mu_);
 
   // Preempts a running pod (see the file comment). Throws NotFound when this kubelet runs no live
   // process for it. `grace` overrides spec.terminationGracePeriodSeconds.
   void preempt(const std::string& ns, const std::string& name,
                const std::string& reason = "PreemptionByScheduler",
-               std::optional<std::chrono::milliseconds> grace = std::nullopt);
+               std::optional<std::chrono::milliseconds> grace = std::nullopt) EXCLUDES(mu_);
   // Loses a node (see the file comment). Throws NotFound for a node this kubelet does not play.
-  void lose_node(const std::string& node, LoseNodeOptions options = {});
+  void lose_node(const std::string& node, LoseNodeOptions options = {}) EXCLUDES(mu_);
   // Adds a live node (e.g. a replacement for a lost one).
-  void add_node(const std::string& node);
-  std::vector<std::string> live_nodes() const;
+  void add_node(const std::string& node) EXCLUDES(mu_);
+  std::vector<std::string> live_nodes() const EXCLUDES(mu_);
 
-  std::optional<LocalPodInfo> pod(const std::string& ns, const std::string& name) const;
+  std::optional<LocalPodInfo> pod(const std::string& ns, const std::string& name) const
+      EXCLUDES(mu_);
   // "NS/POD" -> {NS, POD}. A bare "POD" names the one pod of that name this kubelet knows, in
   // whatever namespace; throws NotFound when it knows none, InvalidArgument when the name is
   // in several namespaces (the message lists them: write NS/POD).
-  std::pair<std::string, std::string> resolve_pod(const std::string& ns_slash_pod) const;
-  std::vector<LocalPodInfo> pods() const;
+  std::pair<std::string, std::string> resolve_pod(const std::string& ns_slash_pod) const
+      EXCLUDES(mu_);
+  std::vector<LocalPodInfo> pods() const EXCLUDES(mu_);
   // Blocks until `predicate` (called under no lock) is true, re-evaluating it after every local
   // change (process start/exit, status written, node lost). False on timeout.
-  bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) const;
+  bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) const
+      EXCLUDES(mu_);
 
   // <root>/logs/<pod>.log (<root>/logs/<namespace>_<pod>.log outside "default").
   std::filesystem::path log_path(const std::string& ns, const std::string& pod) const;
   const std::filesystem::path& root() const { return options_.root; }
 
  private:
+  // Proc and PodState are reached only through pods_ and waiters_ (GUARDED_BY(mu_)), and the
+  // functions taking a PodState& REQUIRE mu_; their own fields carry no GUARDED_BY because
+  // clang cannot name the enclosing LocalKubelet's mutex from a nested struct.
   struct Proc;
   struct PodState;
-  void run();
-  void sync_once();
-  void sync_pod(const json& pod);
-  // The steps of sync_pod, called with mu_ held (report() inside them releases it around its
-  // write). adopt_pod_locked: the state of a pod first seen on one of our nodes (nullptr when
-  // the node is not ours). sync_deletion: SIGTERM, SIGKILL after the grace period, then the
-  // final DELETE. due_to_start_locked: whether the container (re)starts now, after its back-off.
-  PodState* adopt_pod_locked(const json& pod);
-  void sync_deletion(std::unique_lock<std::mutex>& lock, PodState& state, const json& pod,
-                     std::chrono::steady_clock::time_point now);
-  void kill_after_grace_locked(PodState& state, std::chrono::steady_clock::time_point now);
-  void begin_preemption_locked(PodState& state, const json& pod);
+  void run() EXCLUDES(mu_);
+  void sync_once() EXCLUDES(mu_);
+  void sync_pod(const json& pod) EXCLUDES(mu_);
+  // The steps of sync_pod, called with mu_ held (report() and sync_deletion() release it around
+  // their API writes and hold it again before they return or throw). adopt_pod_locked: the
+  // state of a pod first seen on one of our nodes (nullptr when the node is not ours).
+  // sync_deletion: SIGTERM, SIGKILL after the grace period, then the final DELETE.
+  // due_to_start_locked: whether the container (re)starts now, after its back-off.
+  PodState* adopt_pod_locked(const json& pod) REQUIRES(mu_);
+  void sync_deletion(PodState& state, const json& pod, std::chrono::steady_clock::time_point now)
+      REQUIRES(mu_);
+  void kill_after_grace_locked(PodState& state, std::chrono::steady_clock::time_point now)
+      REQUIRES(mu_);
+  void begin_preemption_locked(PodState& state, const json& pod) REQUIRES(mu_);
   bool due_to_start_locked(PodState& state, const json& pod,
-                           std::chrono::steady_clock::time_point now);
-  void handle_gone(PodState& state);
-  void start_process(PodState& state, const json& pod);
-  void report(PodState& state, const json& pod);
-  void finalize(PodState& state);
-  void schedule(const json& pod);
-  void evict_lost_pods();
-  void pump_logs();
+                           std::chrono::steady_clock::time_point now) REQUIRES(mu_);
+  void handle_gone(PodState& state) REQUIRES(mu_);
+  void start_process(PodState& state, const json& pod) REQUIRES(mu_);
+  void report(PodState& state, const json& pod) REQUIRES(mu_);
+  void schedule(const json& pod) EXCLUDES(mu_);
+  void evict_lost_pods() EXCLUDES(mu_);
+  void pump_logs() EXCLUDES(mu_);
   // Registers live nodes not registered yet, renews the Leases of live nodes when due.
-  void heartbeat_nodes();
-  void register_node(const std::string& node);
-  void notify();
-  void waiter(std::shared_ptr<Proc> proc);
+  void heartbeat_nodes() EXCLUDES(mu_);
+  void register_node(const std::string& node) EXCLUDES(mu_);
+  void notify() REQUIRES(mu_);
+  void waiter(std::shared_ptr<Proc> proc) EXCLUDES(mu_);
   static LocalPodInfo info_of(const PodState& s);
 
   std::shared_ptr<kube::Client> client_;
@@ -196,24 +203,24 @@ class LocalKubelet {
   std::unique_ptr<kube::Informer> informer_;
   std::thread sync_thread_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;   // wakes the sync loop and wait_for()
-  uint64_t changes_ = 0;                 // guarded by mu_: bumped on every change
-  bool dirty_ = false;                   // guarded by mu_: the sync loop has work
-  bool started_ = false;                 // guarded by mu_
-  bool stopping_ = false;                // guarded by mu_
-  std::vector<std::string> live_nodes_;  // guarded by mu_
-  std::set<std::string> lost_nodes_;     // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar cv_;                    // wakes the sync loop and wait_for()
+  uint64_t changes_ GUARDED_BY(mu_) = 0;  // bumped on every change
+  bool dirty_ GUARDED_BY(mu_) = false;    // the sync loop has work
+  bool started_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<std::string> live_nodes_ GUARDED_BY(mu_);
+  std::set<std::string> lost_nodes_ GUARDED_BY(mu_);
   struct Eviction {
     std::chrono::steady_clock::time_point when;
     std::optional<int64_t> grace_seconds;
   };
-  std::map<std::string, Eviction> evictions_;  // guarded by mu_: lost node -> pending eviction
-  std::map<std::string, std::unique_ptr<PodState>> pods_;  // guarded by mu_: uid -> state
+  std::map<std::string, Eviction> evictions_ GUARDED_BY(mu_);  // lost node -> pending eviction
+  std::map<std::string, std::unique_ptr<PodState>> pods_ GUARDED_BY(mu_);  // uid -> state
   // Bindings sent whose pods the informer has not shown bound yet (so pods created together
-  // spread over the nodes). Guarded by mu_: uid -> node.
-  std::map<std::string, std::string> pending_bindings_;
-  std::vector<std::pair<std::thread, std::shared_ptr<Proc>>> waiters_;  // guarded by mu_
+  // spread over the nodes): uid -> node.
+  std::map<std::string, std::string> pending_bindings_ GUARDED_BY(mu_);
+  std::vector<std::pair<std::thread, std::shared_ptr<Proc>>> waiters_ GUARDED_BY(mu_);
   std::map<std::string, uint64_t> log_offsets_;  // sync thread only: log file -> bytes read
   // Sync thread only: registered node -> its uid; when the next heartbeat is due; count.
   std::map<std::string, std::string> registered_nodes_;

@@ -30,9 +30,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "longhaul/base/mutex.h"
 #include "longhaul/supervisor/async_checkpointer.h"
 
 namespace longhaul::http {
@@ -78,10 +78,11 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   void on_regrouped(int64_t step, double seconds);
   // The device the model actually trains on, once it exists (`device: auto` may have fallen
   // back to "cpu"): replaces build_info's backend label, so exactly one series remains.
-  void set_backend(const std::string& backend);
+  void set_backend(const std::string& backend) EXCLUDES(build_info_mu_);
   // The kernel choices made at start-up (labels attention, matmul_epilogues, self_check);
   // replaces the build_info series the same way. Unknown keys are ignored.
-  void set_kernel_choices(const std::map<std::string, std::string>& choices);
+  void set_kernel_choices(const std::map<std::string, std::string>& choices)
+      EXCLUDES(build_info_mu_);
 
   // supervisor::CheckpointListener
   void on_saved(const supervisor::CheckpointStats& stats) override;
@@ -122,12 +123,13 @@ class WorkerMetrics : public supervisor::CheckpointListener {
   prometheus::Counter* skipped_steps_;
   prometheus::Counter* regroups_;
   prometheus::Histogram* regroup_duration_;
-  std::mutex build_info_mu_;  // guards the three below (set_backend/set_kernel_choices)
-  std::string backend_;
-  std::map<std::string, std::string> kernel_labels_;  // attention, matmul_epilogues, self_check
-  void replace_build_info();                          // with build_info_mu_ held
+  Mutex build_info_mu_;  // set_backend/set_kernel_choices may be called from any thread
+  std::string backend_ GUARDED_BY(build_info_mu_);
+  // attention, matmul_epilogues, self_check
+  std::map<std::string, std::string> kernel_labels_ GUARDED_BY(build_info_mu_);
+  void replace_build_info() REQUIRES(build_info_mu_);
   prometheus::Family<prometheus::Gauge>* build_info_family_;
-  prometheus::Gauge* build_info_;
+  prometheus::Gauge* build_info_ GUARDED_BY(build_info_mu_);
 };
 
 }  // namespace longhaul::worker_metrics

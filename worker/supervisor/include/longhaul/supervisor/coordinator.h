@@ -18,12 +18,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,49 +43,54 @@ class Coordinator {
 
   // Requests all coordinated threads to stop. `error` (may be null) is recorded when it is the
   // first non-clean error; OutOfRange is a clean stop and is never re-raised.
-  void request_stop(std::exception_ptr error = nullptr);
+  void request_stop(std::exception_ptr error = nullptr) EXCLUDES(mu_);
   bool should_stop() const { return stop_.load(std::memory_order_acquire); }
 
   // Blocks until a stop is requested or `timeout` passes; true when a stop was requested.
-  bool wait_for_stop(Clock::duration timeout) const;
-  bool wait_until_stop(Clock::time_point deadline) const;
-  void wait_for_stop() const;
+  bool wait_for_stop(Clock::duration timeout) const EXCLUDES(mu_);
+  bool wait_until_stop(Clock::time_point deadline) const EXCLUDES(mu_);
+  void wait_for_stop() const EXCLUDES(mu_);
 
   // Resets the stop flag and the recorded error, so the Coordinator can be used again after
   // join(). Throws FailedPrecondition when threads are still registered.
-  void clear_stop();
+  void clear_stop() EXCLUDES(mu_);
 
   // The recorded error (null when none or a clean stop).
-  std::exception_ptr error() const;
+  std::exception_ptr error() const EXCLUDES(mu_);
   // Rethrows the recorded error, if any.
-  void raise_requested_exception() const;
+  void raise_requested_exception() const EXCLUDES(mu_);
 
   // Starts `body` on a new thread registered with this Coordinator. An exception escaping
   // `body` calls request_stop(that exception). TF's register_thread, without a separate
   // "create a thread" step: a C++ thread must be known from its first instant to be joined.
-  void start_thread(std::string name, std::function<void()> body);
+  void start_thread(std::string name, std::function<void()> body) EXCLUDES(mu_);
 
   // Waits for all registered threads. Once a stop has been requested (or every thread ended),
   // threads get `stop_grace` to finish. Then re-raises the first recorded error; if there is
   // none but threads are still running, throws DeadlineExceeded naming them. Threads that
   // finished are unregistered; stragglers stay registered.
-  void join(Clock::duration stop_grace = std::chrono::seconds(120));
+  void join(Clock::duration stop_grace = std::chrono::seconds(120)) EXCLUDES(mu_);
 
   // Names of registered threads that have not finished.
-  std::vector<std::string> running_threads() const;
+  std::vector<std::string> running_threads() const EXCLUDES(mu_);
 
  private:
   struct Thread {
+    uint64_t id;  // set before the thread starts, never changed
     std::string name;
     std::thread thread;
-    bool done = false;  // guarded by Coordinator::mu_ (not expressible on a nested struct)
   };
+  // Whether `t`'s body has returned. The flag lives in finished_, not in Thread: clang cannot
+  // check a GUARDED_BY on a nested struct's field naming the enclosing object's mutex.
+  bool done(const Thread& t) const REQUIRES(mu_) { return finished_.count(t.id) > 0; }
 
   mutable Mutex mu_;
   mutable CondVar cv_;  // signalled on stop and when a thread finishes
   std::atomic<bool> stop_{false};
   std::exception_ptr error_ GUARDED_BY(mu_);
-  std::list<Thread> threads_ GUARDED_BY(mu_);  // std::list: stable addresses
+  std::list<Thread> threads_ GUARDED_BY(mu_);    // std::list: stable addresses
+  std::set<uint64_t> finished_ GUARDED_BY(mu_);  // ids of threads_ whose body returned
+  uint64_t next_id_ GUARDED_BY(mu_) = 0;
 };
 
 // Runs `fn`; an exception escaping it calls coord.request_stop(that exception) instead of
