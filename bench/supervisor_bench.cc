@@ -436,6 +436,10 @@ int main(int argc, char** argv) {
         },
         "");
     phase(
+        "  checksum helper: times it slept",
+        [](const sup::SaveTimes& t) { return double(t.data.checksum_sleeps); },
+        "each one a wake-up (context switch)");
+    phase(
         "  checksums (helper thread CPU, in parallel)",
         [](const sup::SaveTimes& t) { return t.data.checksum_seconds; }, "not on the path above");
   }

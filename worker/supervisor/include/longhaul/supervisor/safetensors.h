@@ -61,7 +61,8 @@ struct SafetensorsWriteTimes {
   // it after writing the last byte.
   double checksum_seconds = 0;
   double checksum_wait_seconds = 0;
-  file::WriteTimes file;  // write syscalls, writeback pacing, fsync, rename + directory fsync
+  int64_t checksum_sleeps = 0;  // how often the helper slept waiting for the writer (wake-ups)
+  file::WriteTimes file;        // write syscalls, writeback pacing, fsync, rename + directory fsync
 };
 
 // Writes `tensors` (in the given order) with `metadata` to `path` through file::AtomicFile:
