@@ -120,13 +120,7 @@ constexpr uint64_t kParallelChecksumBytes = uint64_t{16} << 20;
 // once, as in a single-thread pass. The thread only reads the tensors, which the caller keeps
 // unchanged until get() or the destructor, both of which join it (the destructor first stops it
 // early: a write that failed does not wait for checksums nobody will use).
-//
-// The helper, far faster than the copy, spends most of its time waiting for the writer; the
-// writer wakes it only every kChecksumWakeEvery pieces, so that it checksums several pieces per
-// wake-up (about 700 for a 1.5 GB state instead of one per piece: each wake-up is a context
-// switch that, on a machine with few spare CPUs, preempts someone, possibly the writer).
-constexpr int kChecksumLead = 8;
-constexpr int kChecksumWakeEvery = 4;
+constexpr int kChecksumLead = 4;
 
 class ChecksumThread {
  public:
@@ -143,14 +137,12 @@ class ChecksumThread {
 
   // The writing thread wrote one more piece (kChecksumPiece bytes, or a tensor's last piece).
   void wrote_piece() {
-    if ((written_.fetch_add(1, std::memory_order_release) + 1) % kChecksumWakeEvery == 0) {
-      written_.notify_one();
-    }
+    written_.fetch_add(1, std::memory_order_release);
+    written_.notify_one();
   }
 
   // Waits for the thread; one checksum per tensor, in order. Every piece must have been reported.
   const std::vector<uint32_t>& get() {
-    written_.notify_one();  // the last pieces, when they did not end on a wake-up
     thread_.join();
     return crcs_;
   }
