@@ -269,8 +269,8 @@ int main(int argc, char** argv) {
     ckpt.preallocate(state.tensor_specs());  // what the supervisor does at session start
     const double prealloc = secs(p0, Clock::now());
     const auto plain_spans = state.spans();
-    std::vector<double> plains, paced, stalls, writes, ratios, paced_ratios, retentions, plain_cpus,
-        write_cpus;
+    std::vector<double> plains, paced, stalls, stall_cpus, writes, ratios, paced_ratios, retentions,
+        plain_cpus, write_cpus;
     for (int i = 0; i < saves; ++i) {
       auto plain_leg = [&] {
         settle(dir);
@@ -288,8 +288,10 @@ int main(int argc, char** argv) {
         settle(dir);
         state.step();
         auto t0 = Clock::now();
+        const double stall_cpu0 = thread_cpu_seconds();
         ckpt.request([&](sup::Snapshot& s) { state.snapshot(s); },
                      sup::AsyncCheckpointer::Mode::kQueue);
+        stall_cpus.push_back(thread_cpu_seconds() - stall_cpu0);
         stalls.push_back(secs(t0, Clock::now()));
         const double cpu0 = cpu_seconds();  // the training thread sleeps in wait_idle
         ckpt.wait_idle();
@@ -314,6 +316,8 @@ int main(int argc, char** argv) {
       row("checkpoint stall (training thread), median",
           spread(std::vector<double>(stalls.begin() + 1, stalls.end())).median, "s",
           "copy into the reused slot");
+    row("checkpoint stall, training thread CPU, median", spread(stall_cpus).median, "s",
+        "the stall's work; the rest of it is waiting for a CPU");
     row("checkpoint write (writer thread), median", write.median, "s",
         gbps(write.median) + " " + range(write));
     row("checkpoint / plain time, per pair: median", ratio.median, "x",
