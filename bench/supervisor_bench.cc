@@ -400,10 +400,11 @@ int main(int argc, char** argv) {
         "wall median " + std::to_string(spread(save_wall).median).substr(0, 5) + " s");
     row("sync: checkpoint / plain, thread CPU, per pair", cpu_ratio.median, "x", range(cpu_ratio));
     row("sync: checkpoint / plain, wall, per pair", wall_ratio.median, "x", range(wall_ratio));
-    auto phase = [&](const char* what, double (*get)(const sup::SaveTimes&), const char* note) {
+    auto phase = [&](const char* what, double (*get)(const sup::SaveTimes&), const char* note,
+                     const char* unit = "s") {
       std::vector<double> v;
       for (const auto& p : phases) v.push_back(get(p));
-      row(what, spread(v).median, "s", note);
+      row(what, spread(v).median, unit, note);
     };
     phase(
         "sync save phases: whole save", [](const sup::SaveTimes& t) { return t.commit_seconds; },
@@ -442,7 +443,7 @@ int main(int argc, char** argv) {
     phase(
         "  checksum helper: times it slept",
         [](const sup::SaveTimes& t) { return double(t.data.checksum_sleeps); },
-        "each one a wake-up (context switch)");
+        "futex waits; each one a wake-up (context switch)", "count");
     phase(
         "  checksums (helper thread CPU, in parallel)",
         [](const sup::SaveTimes& t) { return t.data.checksum_seconds; }, "not on the path above");
