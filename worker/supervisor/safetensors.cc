@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "longhaul/base/crc32c.h"
@@ -169,10 +170,11 @@ class ChecksumThread {
       }
       crcs_[i] = crc;
     }
+    timespec ts{};  // precise, where getrusage's CPU times may be tick-based
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    cpu_seconds_ = double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
     rusage u{};
     ::getrusage(RUSAGE_THREAD, &u);
-    auto s = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
-    cpu_seconds_ = s(u.ru_utime) + s(u.ru_stime);
     sleeps_ = u.ru_nvcsw;
   }
 
