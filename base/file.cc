@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <string>
 
 #include <fcntl.h>
@@ -22,6 +23,21 @@ constexpr size_t kDirectWriteBytes = 64 << 10;
 constexpr uint64_t kWritebackChunk = 32 << 20;
 
 std::atomic<uint64_t> temp_counter{0};
+
+// Adds the time from its construction to its destruction to `total`.
+class AddElapsed {
+ public:
+  explicit AddElapsed(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~AddElapsed() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  AddElapsed(const AddElapsed&) = delete;
+  AddElapsed& operator=(const AddElapsed&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 void write_all(int fd, const char* p, size_t n, const std::filesystem::path& path) {
   while (n > 0) {
@@ -51,7 +67,10 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write_to_kernel(const char* p, size_t n) {
-  write_all(fd_, p, n, temp_path_);
+  {
+    AddElapsed timed(times_.write_seconds);
+    write_all(fd_, p, n, temp_path_);
+  }
   bytes_in_kernel_ += n;
   pace_writeback();
 }
@@ -60,6 +79,8 @@ void AtomicFile::write_to_kernel(const char* p, size_t n) {
 // before it and drops their pages. Both calls are hints: where a filesystem ignores them
 // (tmpfs) or they fail, the data is still written, and fsync in commit() reports any error.
 void AtomicFile::pace_writeback() {
+  if (bytes_in_kernel_ - writeback_started_ < kWritebackChunk) return;
+  AddElapsed timed(times_.writeback_seconds);
   while (bytes_in_kernel_ - writeback_started_ >= kWritebackChunk) {
     const uint64_t chunk = writeback_started_;
     ::sync_file_range(fd_, static_cast<off_t>(chunk), static_cast<off_t>(kWritebackChunk),
@@ -102,6 +123,7 @@ void AtomicFile::overwrite(uint64_t offset, std::string_view bytes) {
                           ": only " + std::to_string(bytes_written_) + " have been written");
   }
   flush_buffer();
+  AddElapsed timed(times_.write_seconds);
   while (!bytes.empty()) {
     const ssize_t w = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
     if (w < 0) {
@@ -118,12 +140,16 @@ void AtomicFile::commit() { commit(std::function<void()>()); }
 void AtomicFile::commit(const std::function<void()>& before_rename) {
   if (committed_) throw Internal("AtomicFile::commit called twice for " + path_.string());
   flush_buffer();
-  if (::fsync(fd_) != 0) throw_errno("cannot fsync", temp_path_.string(), errno);
-  if (::close(fd_) != 0) {
+  {
+    AddElapsed timed(times_.fsync_seconds);
+    if (::fsync(fd_) != 0) throw_errno("cannot fsync", temp_path_.string(), errno);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      throw_errno("cannot close", temp_path_.string(), errno);
+    }
     fd_ = -1;
-    throw_errno("cannot close", temp_path_.string(), errno);
   }
-  fd_ = -1;
+  AddElapsed timed(times_.rename_seconds);
   if (before_rename) before_rename();
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     throw_errno("cannot rename " + temp_path_.string() + " to", path_.string(), errno);

@@ -187,7 +187,9 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
   const auto started = std::chrono::steady_clock::now();
   if (wall_time < 0) wall_time = now_seconds();
   auto path = file_for_step(snapshot.step);
-  write_safetensors(path, snapshot, options_.fence);  // fsynced, fenced, renamed, dir fsynced
+  SafetensorsWriteTimes data_times;
+  write_safetensors(path, snapshot, options_.fence,
+                    &data_times);  // fsynced, fenced, renamed, dir fsynced
 
   // The new list is worked out on a copy and published only once the state file naming it is
   // committed: readers see the previous list meanwhile, and keep it if the write fails.
@@ -220,6 +222,7 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
     }
   }
   const CheckpointState state = state_of(entries, last_preserved);
+  const auto state_started = std::chrono::steady_clock::now();
   if (options_.state_writer) {
     if (options_.fence) options_.fence();
     options_.state_writer(options_.logdir, state);
@@ -248,6 +251,8 @@ std::filesystem::path CheckpointManager::save(const Snapshot& snapshot, double w
   if (!to_delete.empty()) file::fsync_directory(options_.logdir);
   if (times != nullptr) {
     times->commit_seconds = std::chrono::duration<double>(committed - started).count();
+    times->data = data_times;
+    times->state_file_seconds = std::chrono::duration<double>(committed - state_started).count();
     times->retention_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - committed).count();
   }

@@ -85,6 +85,35 @@ TEST(Safetensors, LargeTensorsWrittenInPiecesCarryTheirWholeChecksums) {
   }
 }
 
+// The writer says where its time went (what supervisor_bench reports): every phase is measured,
+// none is negative, and together they fit in the whole call; a state of 16 MiB and more is
+// checksummed on the helper thread, whose CPU time is reported.
+TEST(Safetensors, WriteTimesAccountForTheWholeWrite) {
+  TempDir dir;
+  for (const int64_t n : {int64_t{1000}, int64_t{(20 << 20) + 3}}) {
+    Snapshot s;
+    s.reshape({TensorSpec{"a", DType::kU8, {n}}, TensorSpec{"b", DType::kF32, {7}}});
+    SafetensorsWriteTimes t;
+    write_safetensors(dir / ("model.ckpt-" + std::to_string(n) + ".safetensors"), s, {}, &t);
+    const double parts = t.header_seconds + t.file.write_seconds + t.file.writeback_seconds +
+                         t.file.fsync_seconds + t.file.rename_seconds + t.checksum_wait_seconds;
+    for (double v :
+         {t.header_seconds, t.file.write_seconds, t.file.writeback_seconds, t.file.fsync_seconds,
+          t.file.rename_seconds, t.checksum_wait_seconds, t.checksum_seconds}) {
+      EXPECT_GE(v, 0) << n;
+    }
+    EXPECT_GT(t.file.write_seconds, 0) << n;
+    EXPECT_GT(t.file.fsync_seconds, 0) << n;
+    EXPECT_LE(parts, t.total_seconds) << n;
+    if (n > (16 << 20)) {
+      EXPECT_GT(t.checksum_seconds, 0) << "the helper's CPU time";
+    }
+    SafetensorsReader(dir / ("model.ckpt-" + std::to_string(n) + ".safetensors"),
+                      {.require_checksums = true})
+        .verify_all();
+  }
+}
+
 TEST(Safetensors, RoundTripKeepsNamesShapesBytesAndMetadata) {
   TempDir dir;
   auto path = dir / "model.ckpt-1234.safetensors";

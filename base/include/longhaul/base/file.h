@@ -27,6 +27,15 @@
 
 namespace longhaul::file {
 
+// Where an AtomicFile's time went, in seconds of the steady clock on the writing thread: what a
+// benchmark needs to say where a checkpoint's time goes (bench/README.md).
+struct WriteTimes {
+  double write_seconds = 0;      // write(2)/pwrite(2): the copy into the page cache
+  double writeback_seconds = 0;  // pacing: starting a chunk's writeback, waiting, dropping pages
+  double fsync_seconds = 0;      // the final fsync of the file (and its close)
+  double rename_seconds = 0;     // before_rename + rename + fsync of the directory
+};
+
 class AtomicFile {
  public:
   // Opens a temporary file next to `path`. Throws PermissionDenied / NotFound (errno-mapped)
@@ -55,6 +64,8 @@ class AtomicFile {
 
   const std::filesystem::path& path() const { return path_; }
   const std::filesystem::path& temp_path() const { return temp_path_; }
+  // Time spent so far in each phase (complete once commit() returned).
+  const WriteTimes& times() const { return times_; }
 
  private:
   void flush_buffer();
@@ -69,6 +80,7 @@ class AtomicFile {
   uint64_t writeback_started_ = 0;   // [0, this) has had its writeback started
   uint64_t writeback_finished_ = 0;  // [0, this) is on disk and out of the page cache
   std::string buffer_;
+  WriteTimes times_;
 };
 
 // Writes `contents` to `path` with the AtomicFile protocol.

@@ -65,8 +65,10 @@ struct CheckpointManagerOptions {
 
 // Where a save's time went (save()'s optional out-parameter).
 struct SaveTimes {
-  double commit_seconds = 0;     // the checkpoint and the state file naming it, both committed
-  double retention_seconds = 0;  // then: deleting the checkpoints retention dropped
+  double commit_seconds = 0;      // the checkpoint and the state file naming it, both committed
+  double retention_seconds = 0;   // then: deleting the checkpoints retention dropped
+  SafetensorsWriteTimes data;     // of commit_seconds: the checkpoint file, by phase
+  double state_file_seconds = 0;  // of commit_seconds: the state file (written, fsynced, renamed)
 };
 
 // One checkpoint listed in the state file.

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "longhaul/base/file.h"
 #include "longhaul/supervisor/training_state.h"
 
 namespace longhaul::supervisor {
@@ -51,17 +52,33 @@ struct TensorView {
   std::span<const std::byte> bytes;
 };
 
+// Where a write_safetensors call's time went (seconds, steady clock), for benchmarks.
+struct SafetensorsWriteTimes {
+  double total_seconds = 0;   // the whole call
+  double header_seconds = 0;  // building the JSON header (twice: placeholder, then checksums)
+  // In-line checksums (a state under 16 MiB): their time on the writing thread. A larger state
+  // is checksummed on a helper thread: its CPU time, and how long the writing thread waited for
+  // it after writing the last byte.
+  double checksum_seconds = 0;
+  double checksum_wait_seconds = 0;
+  int64_t checksum_sleeps = 0;  // how often the helper slept waiting for the writer (wake-ups)
+  file::WriteTimes file;        // write syscalls, writeback pacing, fsync, rename + directory fsync
+};
+
 // Writes `tensors` (in the given order) with `metadata` to `path` through file::AtomicFile:
 // temp file, fsync, rename, fsync dir. Adds the crc32c and format keys to the metadata.
 // Returns the file size. Throws InvalidArgument for a size mismatch or duplicate name (naming
 // the tensor), errno-mapped errors for I/O. `before_rename`, when set, is called after the fsync
 // and just before the rename (a fence: what it throws propagates, and nothing is renamed).
+// `times`, when set, receives where the time went (filled on success).
 uint64_t write_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
                            const std::map<std::string, std::string>& metadata,
-                           const std::function<void()>& before_rename = {});
+                           const std::function<void()>& before_rename = {},
+                           SafetensorsWriteTimes* times = nullptr);
 // Writes a whole Snapshot; adds `__metadata__["global_step"]` = snapshot.step.
 uint64_t write_safetensors(const std::filesystem::path& path, const Snapshot& snapshot,
-                           const std::function<void()>& before_rename = {});
+                           const std::function<void()>& before_rename = {},
+                           SafetensorsWriteTimes* times = nullptr);
 
 // A memory-mapped, validated safetensors file. The constructor checks the whole structure
 // (header length, JSON, dtypes, shapes, offsets: contiguous, no gaps, no overlap, covering the
